@@ -1,0 +1,83 @@
+"""The compression entry point shared by the CLI and the Snakemake scripts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flexigpt.artifacts import save_compressed
+from flexigpt.calibration import token_windows
+from flexigpt.models.loading import load_model
+from flexigpt.params import compression_ratio, count_parameters
+from flexigpt.provenance import provenance, setup_run
+from flexigpt.registry import get_method
+
+log = logging.getLogger(__name__)
+
+
+def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
+             options: dict[str, Any] | None = None, calibration: str | None = None,
+             n_calibration: int = 128, calibration_seq_len: int = 512, seed: int = 0,
+             dtype: str = "float32") -> dict[str, Any]:
+    """Load ``model_spec``, compress it with ``method`` and save to ``out_dir``.
+
+    Args:
+        method: registry key (``flexigpt``, ``shortgpt``, ``slicegpt``, ...).
+        model_spec: local checkpoint directory or hub id of the dense model.
+        out_dir: output directory (written atomically; nothing left on failure).
+        options: the method's config fields (validated by its config dataclass).
+        calibration: text file for calibration windows (methods that need it).
+        n_calibration: number of calibration windows N.
+        calibration_seq_len: window length T in tokens.
+        seed: seed for every RNG and for the window sample.
+        dtype: dtype the dense model is loaded in.
+
+    Returns:
+        The manifest written to ``out_dir/manifest.json``.
+    """
+    spec = get_method(method)
+    cfg = spec.make_config(**(options or {}))  # validate before any heavy work
+    if spec.needs_calibration and calibration is None:
+        raise ValueError(f"method {method!r} needs a calibration text file (--calibration)")
+    setup_run(seed)
+    model, tokenizer = load_model(model_spec, dtype=dtype)
+    dense_params = count_parameters(model)
+    calib = None
+    if spec.needs_calibration:
+        calib = token_windows(calibration, tokenizer, calibration_seq_len, n_calibration, seed)
+    start = time.perf_counter()
+    log.info("compressing %s with %s (%s)", model_spec, method, cfg)
+    with torch.no_grad():
+        result = spec.compress(model, tokenizer, calib, cfg)
+    seconds = time.perf_counter() - start
+    params = count_parameters(result.model)
+    manifest = {
+        "method": method,
+        "config": _jsonable(cfg),
+        "base_model": str(model_spec),
+        "structure": result.structure,
+        "info": result.info,
+        "parameters": {"dense": dense_params, "compressed": params,
+                       "achieved_ratio": compression_ratio(params, dense_params)},
+        "calibration": None if calib is None else {
+            "file": str(calibration), "n_windows": int(calib.shape[0]),
+            "seq_len": int(calib.shape[1]), "sample_seed": seed},
+        "seed": seed, "dtype": dtype, "compress_seconds": round(seconds, 3),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "history": [],
+        **provenance(),
+    }
+    return save_compressed(result.model, tokenizer, manifest, out_dir)
+
+
+def _jsonable(cfg: Any) -> dict[str, Any]:
+    import dataclasses
+
+    out = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in out.items()}

@@ -1,0 +1,82 @@
+"""Block Influence (ShortGPT Eq. 1; FlexiGPT Eq. 1), shared by FlexiGPT and ShortGPT.
+
+BI_i = 1 − mean_{samples, tokens} cos(X_i[t], X_{i+1}[t]) where X_i is the hidden state
+entering block i and X_{i+1} the one leaving it, captured with forward hooks on each block
+(not ``hidden_states[-1]``, which is after the final norm). Cosine is computed in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from flexigpt.models.adapters import get_adapter
+
+
+@torch.no_grad()
+def block_influence(model: nn.Module, windows: torch.Tensor, batch_size: int = 4,
+                    attention_mask: torch.Tensor | None = None,
+                    progress: bool = True) -> list[float]:
+    """Block Influence of every decoder block.
+
+    Args:
+        model: a causal LM with a registered adapter.
+        windows: LongTensor ``[N, T]`` of calibration token ids.
+        batch_size: sequences per forward.
+        attention_mask: optional ``[N, T]`` (1 = real token); pad positions are excluded.
+        progress: show a tqdm bar.
+
+    Returns:
+        ``[L]`` BI scores (higher = more important), in block order.
+    """
+    adapter = get_adapter(model)
+    blocks = adapter.layers(model)
+    n_blocks = len(blocks)
+    sums = torch.zeros(n_blocks, dtype=torch.float64)
+    count = 0
+    inputs: dict[int, torch.Tensor] = {}
+    current_mask: list[torch.Tensor] = []
+
+    def pre_hook(idx: int):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            inputs[idx] = hidden.detach()
+        return hook
+
+    def post_hook(idx: int):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            cos = torch.nn.functional.cosine_similarity(
+                inputs.pop(idx).float(), out.detach().float(), dim=-1)  # [B, T]
+            sums[idx] += (cos * current_mask[0]).sum().double()
+        return hook
+
+    handles = []
+    for i, block in enumerate(blocks):
+        handles.append(block.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
+        handles.append(block.register_forward_hook(post_hook(i), with_kwargs=True))
+    device = next(model.parameters()).device
+    try:
+        for start in tqdm(range(0, windows.shape[0], batch_size), desc="block influence",
+                          disable=not progress):
+            ids = windows[start:start + batch_size].to(device)
+            mask = (torch.ones_like(ids) if attention_mask is None
+                    else attention_mask[start:start + batch_size].to(device))
+            current_mask[:] = [mask.float()]
+            model(input_ids=ids, attention_mask=mask, use_cache=False)
+            count += int(mask.sum())
+    finally:
+        for h in handles:
+            h.remove()
+    if count == 0:
+        raise ValueError("block influence needs at least one unmasked token")
+    return (1.0 - sums / count).tolist()
+
+
+def lowest_blocks(scores: list[float], k: int) -> list[int]:
+    """Indices of the ``k`` lowest-scoring blocks, sorted by block index (ties: lower index)."""
+    if not 0 < k < len(scores):
+        raise ValueError(f"cannot prune {k} of {len(scores)} blocks: need 0 < k < {len(scores)}")
+    order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
+    return sorted(order[:k])

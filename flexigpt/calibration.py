@@ -1,0 +1,91 @@
+"""Token windows from a plain-text corpus, for calibration, training and perplexity.
+
+Text files hold one document per paragraph (documents separated by a blank line).
+Documents are tokenized without special tokens and joined with EOS into one stream; the
+stream is cut into consecutive non-overlapping windows of ``seq_len`` tokens, each
+prefixed with BOS when the tokenizer has one (so a window is ``[BOS] + seq_len-1`` tokens).
+Windows never contain padding.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+
+class CalibrationDataError(ValueError):
+    """The text file is missing, empty, or too short for the requested windows."""
+
+
+def read_documents(path: str | os.PathLike) -> list[str]:
+    """Documents of a text file (split on blank lines), stripped, empties dropped."""
+    path = Path(path)
+    if not path.is_file():
+        raise CalibrationDataError(f"text file {str(path)!r} does not exist")
+    text = path.read_text(encoding="utf-8")
+    docs = [d.strip() for d in text.split("\n\n")]
+    docs = [d for d in docs if d]
+    if not docs:
+        raise CalibrationDataError(f"text file {str(path)!r} is empty")
+    return docs
+
+
+def token_stream(path: str | os.PathLike, tokenizer: object,
+                 max_tokens: int | None = None) -> torch.Tensor:
+    """All documents as one LongTensor ``[n_tokens]`` (EOS between documents).
+
+    Tokenizes documents in order and stops once ``max_tokens`` tokens are collected.
+    """
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    ids: list[int] = []
+    docs = read_documents(path)
+    for start in range(0, len(docs), 256):
+        batch = tokenizer(docs[start:start + 256], add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+        for doc_ids in batch:
+            ids.extend(doc_ids)
+            if eos is not None:
+                ids.append(eos)
+        if max_tokens is not None and len(ids) >= max_tokens:
+            break
+    return torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long)
+
+
+def token_windows(path: str | os.PathLike, tokenizer: object, seq_len: int,
+                  n_windows: int | None = None, seed: int | None = None) -> torch.Tensor:
+    """Non-overlapping windows of the text as a LongTensor ``[N, seq_len]``.
+
+    Args:
+        path: text file (one document per paragraph).
+        tokenizer: a HF tokenizer.
+        seq_len: tokens per window, BOS included.
+        n_windows: how many windows; None means every full window of the file.
+        seed: if given, the ``n_windows`` are sampled without replacement with this seed
+            from all windows (in file order otherwise).
+
+    Raises:
+        CalibrationDataError: file missing/empty, or fewer full windows than ``n_windows``.
+    """
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be at least 2, got {seq_len}")
+    bos = getattr(tokenizer, "bos_token_id", None)
+    body = seq_len - 1 if bos is not None else seq_len
+    need = None if n_windows is None or seed is not None else n_windows * body
+    stream = token_stream(path, tokenizer, max_tokens=need)
+    available = stream.numel() // body
+    if available == 0 or (n_windows is not None and available < n_windows):
+        raise CalibrationDataError(
+            f"text file {str(path)!r} is too short: {stream.numel()} tokens make {available} "
+            f"window(s) of {seq_len} tokens, {n_windows or 1} needed")
+    windows = stream[: available * body].view(available, body)
+    if n_windows is not None:
+        if seed is not None:
+            gen = torch.Generator().manual_seed(seed)
+            idx = torch.randperm(available, generator=gen)[:n_windows].sort().values
+            windows = windows[idx]
+        else:
+            windows = windows[:n_windows]
+    if bos is not None:
+        windows = torch.cat([torch.full((windows.shape[0], 1), bos), windows], dim=1)
+    return windows.contiguous()

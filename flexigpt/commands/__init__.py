@@ -1,0 +1,1 @@
+"""Subcommands of the ``flexigpt`` CLI (see flexigpt/cli.py)."""

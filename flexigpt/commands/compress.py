@@ -1,0 +1,57 @@
+"""flexigpt compress: run one registered method on a model and save it with a manifest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "compress a model with a registered method and save weights + manifest"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from flexigpt.registry import METHODS
+
+    p.add_argument("--method", required=True, choices=sorted(METHODS))
+    p.add_argument("--model", required=True, help="local checkpoint dir or hub id")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--ratio", type=float, help="compression target in (0, 1)")
+    p.add_argument("--calibration", help="calibration text file (one document per paragraph)")
+    p.add_argument("--n-calibration", type=int, default=128, help="calibration windows N")
+    p.add_argument("--seq-len", type=int, default=512, help="calibration window length T")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any method option (JSON value), e.g. --option rank=32 "
+                        "--option policy='\"matched\"'; repeatable")
+    # Frequently used method options, as first-class flags.
+    p.add_argument("--policy", help="flexigpt: block-count policy (paper|matched)")
+    p.add_argument("--rank", type=int, help="flexigpt: LoRA rank of replacement blocks")
+
+
+def parse_options(pairs: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--option expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from flexigpt.api import compress
+
+    options = parse_options(args.option)
+    for key in ("ratio", "policy", "rank"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    manifest = compress(args.method, args.model, args.out, options=options,
+                        calibration=args.calibration, n_calibration=args.n_calibration,
+                        calibration_seq_len=args.seq_len, seed=args.seed, dtype=args.dtype)
+    p = manifest["parameters"]
+    print(f"{args.method}: {p['compressed']:,} / {p['dense']:,} parameters "
+          f"(achieved ratio {p['achieved_ratio']:.4f}) -> {args.out}")
+    return 0

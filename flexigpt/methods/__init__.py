@@ -1,0 +1,1 @@
+"""FlexiGPT's own methods (pruning, extension) and the dense reference."""

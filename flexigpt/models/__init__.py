@@ -1,0 +1,12 @@
+"""Model layer: loading and architecture adapters."""
+
+from flexigpt.models.adapters import (
+    ADAPTERS,
+    ArchAdapter,
+    UnsupportedArchitectureError,
+    get_adapter,
+)
+from flexigpt.models.loading import ModelLoadError, load_model, parse_dtype
+
+__all__ = ["ADAPTERS", "ArchAdapter", "ModelLoadError", "UnsupportedArchitectureError",
+           "get_adapter", "load_model", "parse_dtype"]
