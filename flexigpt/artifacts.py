@@ -131,6 +131,7 @@ def empty_model(config: Any) -> nn.Module:
 
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()  # skipped together with initialisation
     return model
 
 

@@ -1,0 +1,85 @@
+"""Shared fixtures: tiny random models of each supported family, a tiny tokenizer, text."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+WORDS = ("the of and to in is was for on that with as by at from his her are were be this "
+         "which an it or had first new after also time year city river king war world part "
+         "music film game team state people church school water system large small early "
+         "north south famous history modern language island empire science").split()
+
+
+def make_text(n_docs: int = 60, words_per_doc: int = 120, seed: int = 0) -> str:
+    """Pseudo-English documents separated by blank lines (deterministic)."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        sentences = []
+        for _ in range(words_per_doc // 12):
+            words = [rng.choice(WORDS) for _ in range(12)]
+            sentences.append(" ".join(words).capitalize() + ".")
+        docs.append(" ".join(sentences))
+    return "\n\n".join(docs) + "\n"
+
+
+def make_tokenizer(text: str, vocab_size: int = 300):
+    """A byte-level BPE tokenizer trained on ``text``, wrapped as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(text.split("\n\n"), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+
+
+def make_model(family: str = "llama", layers: int = 4, hidden: int = 64, heads: int = 4,
+               kv_heads: int = 2, intermediate: int = 128, vocab: int = 300,
+               tied: bool = True, seed: int = 0):
+    """A tiny random causal LM of ``family`` (llama, mistral, qwen2), fp32, eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = AutoConfig.for_model(
+        family, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=512, tie_word_embeddings=tied, bos_token_id=0,
+        eos_token_id=1, pad_token_id=2)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "train.txt"
+    path.write_text(make_text())
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(text_file: Path):
+    return make_tokenizer(text_file.read_text())
+
+
+@pytest.fixture
+def tiny_model():
+    """4-block Llama, hidden 64, 4 query heads over 2 KV heads (GQA), tied embeddings."""
+    return make_model()
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path: Path, tiny_tokenizer) -> Path:
+    """A saved tiny Llama + tokenizer directory (what load_model expects)."""
+    model = make_model()
+    out = tmp_path / "tiny-ckpt"
+    model.save_pretrained(out)
+    tiny_tokenizer.save_pretrained(out)
+    return out

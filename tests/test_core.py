@@ -1,0 +1,137 @@
+"""Contract tests for the foundation: adapters, loading, registry, artefacts, calibration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_model
+from flexigpt.artifacts import CheckpointError, load_compressed, save_compressed
+from flexigpt.block_influence import block_influence, lowest_blocks
+from flexigpt.calibration import CalibrationDataError, token_windows
+from flexigpt.models import ModelLoadError, UnsupportedArchitectureError, get_adapter, load_model
+from flexigpt.params import count_parameters
+from flexigpt.registry import METHODS, UnknownMethodError, get_method, validate_ratio
+
+
+@pytest.mark.parametrize("family,kv", [("llama", 4), ("llama", 2), ("mistral", 2), ("qwen2", 2)])
+@pytest.mark.parametrize("tied", [True, False])
+def test_adapter_contract(family, kv, tied):
+    model = make_model(family, kv_heads=kv, tied=tied)
+    ad = get_adapter(model)
+    blocks = ad.layers(model)
+    assert len(blocks) == 4
+    for block in blocks:
+        lin = ad.block_linears(block)
+        assert set(lin) == set(ad.linear_names()) and len(lin) == 7
+        assert all(isinstance(m, torch.nn.Linear) for m in lin.values())
+    assert ad.embed(model).weight.shape[1] == model.config.hidden_size
+    assert (ad.lm_head(model).weight is ad.embed(model).weight) == tied
+    ad.set_layers(model, list(blocks)[:2])
+    assert model.config.num_hidden_layers == 2
+    assert [ad.attn(b).layer_idx for b in ad.layers(model)] == [0, 1]
+    out = model.generate(torch.tensor([[0, 5, 6]]), max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 6)
+
+
+def test_unsupported_architecture():
+    from transformers import GPT2Config
+    with pytest.raises(UnsupportedArchitectureError, match="gpt2"):
+        get_adapter(GPT2Config())
+
+
+def test_load_model_roundtrip_and_errors(tiny_checkpoint, tmp_path):
+    model, tok = load_model(tiny_checkpoint)
+    ids = torch.tensor([[0, 10, 20, 30]])
+    ref = make_model()(ids).logits
+    assert torch.equal(model(ids).logits, ref)
+    assert tok.pad_token is not None
+    with pytest.raises(ModelLoadError, match="not a checkpoint directory"):
+        load_model(tmp_path / "nope")
+
+
+def test_load_model_unknown_hub_id(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="cannot resolve model"):
+        load_model("no-such-org/no-such-model")
+
+
+def test_registry():
+    assert {"dense", "flexigpt", "shortgpt", "shortgpt_lora", "slicegpt", "llm_pruner",
+            "flexigpt_extend"} <= set(METHODS)
+    with pytest.raises(UnknownMethodError, match="did you mean 'shortgpt'"):
+        get_method("shortgp")
+    with pytest.raises(ValueError, match="has no option"):
+        get_method("dense").make_config(bogus=1)
+    for bad in (0, 1, -0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="strictly between 0 and 1"):
+            validate_ratio(bad)
+
+
+def test_count_parameters_dedups_tied():
+    tied, untied = make_model(tied=True), make_model(tied=False)
+    assert count_parameters(untied) - count_parameters(tied) == 300 * 64
+
+
+def test_dense_save_load_identical(tiny_model, tiny_tokenizer, tmp_path):
+    manifest = save_compressed(tiny_model, tiny_tokenizer, {"method": "dense", "structure": {}},
+                               tmp_path / "out")
+    loaded = load_compressed(tmp_path / "out")
+    ids = torch.tensor([[0, 3, 4, 5]])
+    assert torch.equal(loaded.model(ids).logits, tiny_model(ids).logits)
+    assert loaded.manifest == json.loads((tmp_path / "out/manifest.json").read_text())
+    assert manifest["weights"]["sha256"] == loaded.manifest["weights"]["sha256"]
+    assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
+
+
+def test_corrupt_checkpoint(tiny_model, tmp_path):
+    save_compressed(tiny_model, None, {"method": "dense", "structure": {}}, tmp_path / "m")
+    weights = tmp_path / "m/model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10:] = b"\x00" * 10
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_compressed(tmp_path / "m")
+    weights.unlink()
+    with pytest.raises(CheckpointError, match="missing"):
+        load_compressed(tmp_path / "m")
+
+
+def test_failed_save_leaves_nothing(tiny_model, tmp_path):
+    with pytest.raises(ValueError):
+        save_compressed(tiny_model, None, {"structure": {}}, tmp_path / "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_token_windows(text_file, tiny_tokenizer, tmp_path):
+    w = token_windows(text_file, tiny_tokenizer, seq_len=32, n_windows=5)
+    assert w.shape == (5, 32) and (w[:, 0] == tiny_tokenizer.bos_token_id).all()
+    w2 = token_windows(text_file, tiny_tokenizer, seq_len=32, n_windows=5, seed=1)
+    assert w2.shape == (5, 32)
+    assert torch.equal(w2, token_windows(text_file, tiny_tokenizer, 32, 5, seed=1))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n  \n")
+    with pytest.raises(CalibrationDataError, match="empty"):
+        token_windows(empty, tiny_tokenizer, 32, 1)
+    short = tmp_path / "short.txt"
+    short.write_text("a few words only")
+    with pytest.raises(CalibrationDataError, match="too short"):
+        token_windows(short, tiny_tokenizer, 32, 4)
+    with pytest.raises(CalibrationDataError, match="does not exist"):
+        token_windows(tmp_path / "missing.txt", tiny_tokenizer, 32, 4)
+
+
+def test_block_influence_matches_hidden_states(tiny_model):
+    ids = torch.randint(3, 300, (3, 16))
+    bi = block_influence(tiny_model, ids, batch_size=2, progress=False)
+    hs = tiny_model(ids, output_hidden_states=True).hidden_states
+    # hidden_states[i] enters block i; the last entry is after the final norm, so compare
+    # every block but the last against output_hidden_states.
+    for i in range(len(bi) - 1):
+        cos = torch.nn.functional.cosine_similarity(hs[i].float(), hs[i + 1].float(), dim=-1)
+        assert bi[i] == pytest.approx(1 - cos.mean().item(), abs=1e-5)
+    assert lowest_blocks([0.3, 0.1, 0.2, 0.9], 2) == [1, 2]
+    with pytest.raises(ValueError):
+        lowest_blocks([0.1, 0.2], 2)
