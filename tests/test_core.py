@@ -135,3 +135,11 @@ def test_block_influence_matches_hidden_states(tiny_model):
     assert lowest_blocks([0.3, 0.1, 0.2, 0.9], 2) == [1, 2]
     with pytest.raises(ValueError):
         lowest_blocks([0.1, 0.2], 2)
+
+
+def test_perplexity_matches_hf_loss(tiny_model):
+    from flexigpt.perplexity import perplexity
+    ids = torch.randint(3, 300, (4, 16))
+    ppl = perplexity(tiny_model, ids, batch_size=3)
+    loss = tiny_model(ids, labels=ids).loss
+    assert ppl == pytest.approx(float(torch.exp(loss)), rel=1e-5)
