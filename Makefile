@@ -1,0 +1,33 @@
+# Two commands for a fresh machine (both idempotent; a second call reuses the environment):
+#   make run    set up .venv and run the main job (snakemake --cores all, config/config.yaml)
+#   make test   set up .venv and run the test suite
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+BIN := $(VENV)/bin
+
+.PHONY: setup run smoke test lint report
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first and exactly pinned: an unpinned resolve can pull a multi-GB CUDA build
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+run: setup
+	. $(BIN)/activate && snakemake --cores all
+
+smoke: setup
+	. $(BIN)/activate && snakemake --cores all --configfile config/smoke.yaml
+
+test: setup
+	. $(BIN)/activate && python -m pytest -q
+
+lint: setup
+	. $(BIN)/activate && snakemake --lint
+
+report: setup
+	. $(BIN)/activate && snakemake --report results/report.html

@@ -1,0 +1,24 @@
+# flexigpt-bench: every method x ratio, the ablations and the extension, evaluated and tabulated.
+#   snakemake --cores all                                   (embedded default, config/config.yaml)
+#   snakemake --cores all --configfile config/smoke.yaml    (tiny CI run)
+#   snakemake --cores all --configfile config/paper.yaml --workflow-profile workflow/profiles/slurm
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/resources.smk"
+include: "workflow/rules/compress.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "results/tables",

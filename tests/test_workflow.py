@@ -1,0 +1,105 @@
+"""The Snakemake DAG: lint, dry runs of every shipped config, schema errors, grid logic."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flexigpt.registry import METHODS
+from flexigpt.workflow import RunGrid
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+CONFIGS = ["config/config.yaml", "config/smoke.yaml", "config/paper.yaml"]
+
+
+def snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def load(path: str) -> dict:
+    return yaml.safe_load((ROOT / path).read_text())
+
+
+def test_lint_clean():
+    out = snakemake("--lint")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "good condition" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_dry_run(config, tmp_path):
+    # Run in an empty directory so nothing on disk (built resources, results) is assumed.
+    out = snakemake("-n", "--cores", "2", "--configfile", str(ROOT / config), cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "rule tables" in out.stdout
+
+
+def test_schema_methods_match_registry():
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    enum = set(schema["properties"]["methods"]["propertyNames"]["enum"])
+    # flexigpt_extend is configured under `extension:`, not `methods:`
+    assert enum == set(METHODS) - {"flexigpt_extend"}
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda c: c.update(bogus_key=1), "bogus_key"),
+    (lambda c: c["methods"].update(magic_pruner={}), "magic_pruner"),
+    (lambda c: c.update(ratios=[1.5]), "1.5"),
+    (lambda c: c["evaluation"].update(tasks=["mmlu"]), "mmlu"),
+])
+def test_bad_config_rejected_before_any_job(mutate, message, tmp_path):
+    cfg = load("config/smoke.yaml")
+    mutate(cfg)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = snakemake("-n", "--cores", "1", "--configfile", str(path), cwd=tmp_path)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert message in text and "ValidationError" in text
+    assert "rule compress" not in text
+
+
+def test_grid_of_default_config():
+    grid = RunGrid.from_config(load("config/config.yaml"))
+    methods = {(r.method, r.variant, r.setting) for r in grid.runs.values()}
+    for m in ("shortgpt", "shortgpt_lora", "slicegpt", "llm_pruner", "flexigpt"):
+        assert {(m, "default", "r0.3"), (m, "default", "r0.4")} <= methods
+    assert ("flexigpt", "no_outnorm", "r0.3") in methods
+    assert {("flexigpt_extend", "block", "L45"), ("flexigpt_extend", "sequential", "L45"),
+            ("dense", "trained", "full"), ("dense", "default", "full")} <= methods
+    flexi = grid.run("smollm2-135m", "flexigpt", "default", "r0.3")
+    assert flexi.compress_params()["options"] == {"policy": "paper", "ratio": 0.3}
+    assert flexi.stages() == ["start", "final"]
+    assert grid.eval_params(flexi, "start")["tasks"] == []
+    assert grid.run("smollm2-135m", "shortgpt", "default", "r0.4").stages() == ["final"]
+    ablation = grid.run("smollm2-135m", "flexigpt", "no_lowrank", "r0.3")
+    assert ablation.compress_params()["options"]["distance"] == "full"
+    assert grid.train_params(grid.run("smollm2-135m", "dense", "trained", "full"))["recipe"] == "full"
+    timed = grid.inference_runs("smollm2-135m")
+    assert next(iter(timed)) == "dense/default/full"
+    assert {"shortgpt/default/r0.3", "flexigpt/default/r0.3"} <= set(timed)
+
+
+def test_grid_partial_and_errors():
+    cfg = load("config/smoke.yaml")
+    partial = copy.deepcopy(cfg)
+    partial["methods"] = {"dense": {}, "shortgpt": {}}
+    partial.pop("ablations")
+    partial.pop("extension")
+    partial["ratios"] = [0.3]
+    grid = RunGrid.from_config(partial)
+    assert len(grid.runs) == 2 and len(grid.eval_targets()) == 2
+    bad = copy.deepcopy(cfg)
+    bad["model"]["path"] = "elsewhere"
+    with pytest.raises(ValueError, match="model.path must be"):
+        RunGrid.from_config(bad)
+    with pytest.raises(ValueError, match="no run"):
+        grid.run("tiny-llama", "flexigpt", "default", "r0.3")

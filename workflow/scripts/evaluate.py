@@ -1,0 +1,10 @@
+"""Perplexity (+ zero-shot tasks at stage final) of one model into one result JSON."""
+
+from flexigpt.evaluation import evaluate_model
+from flexigpt.workflow import script_logging
+
+script_logging(snakemake.log[0], snakemake.threads)
+ev = dict(snakemake.params.evaluation)
+evaluate_model(snakemake.input.model, snakemake.output[0], tasks=ev.pop("tasks"),
+               benchmarks_dir=snakemake.input.get("benchmarks"),
+               ppl_text=snakemake.input.ppl_text, **ev)

@@ -1,0 +1,9 @@
+"""Every table and plot from the result files of this run."""
+
+from flexigpt.tables import build_all
+from flexigpt.workflow import script_logging
+
+log = script_logging(snakemake.log[0])
+written = build_all("results", snakemake.output[0], eval_files=list(snakemake.input.evals),
+                    inference_files=list(snakemake.input.inference))
+log.info("wrote %d files", len(written))
