@@ -58,6 +58,10 @@ class Method:
     recovery: str = "none"
     description: str = ""
 
+    def accepts(self, option: str) -> bool:
+        """Whether the method's config has a field named ``option``."""
+        return option in {f.name for f in dataclasses.fields(self.config_cls)}
+
     def make_config(self, **options: Any) -> Any:
         """Build (and so validate) the method's config; unknown options are an error."""
         known = {f.name for f in dataclasses.fields(self.config_cls)}

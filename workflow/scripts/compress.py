@@ -3,12 +3,13 @@
 import json
 
 from flexigpt.api import compress
+from flexigpt.registry import get_method
 from flexigpt.workflow import script_logging
 
 script_logging(snakemake.log[0], snakemake.threads)
 run = snakemake.params.run
 options = dict(run["options"])
-if "bi" in snakemake.input.keys():
+if "bi" in snakemake.input.keys() and get_method(run["method"]).accepts("bi_scores"):
     with open(snakemake.input.bi) as fh:
         options["bi_scores"] = json.load(fh)["block_influence"]
 compress(run["method"], snakemake.params.model, snakemake.output.model, options=options,
