@@ -4,6 +4,6 @@ from flexigpt.tables import build_all
 from flexigpt.workflow import script_logging
 
 log = script_logging(snakemake.log[0])
-written = build_all("results", snakemake.output[0], eval_files=list(snakemake.input.evals),
-                    inference_files=list(snakemake.input.inference))
+written = build_all("results", snakemake.output[0], results=list(snakemake.input.evals),
+                    timings=list(snakemake.input.inference))
 log.info("wrote %d files", len(written))

@@ -1,0 +1,36 @@
+"""flexigpt tables: the paper's tables (Markdown/CSV/LaTeX) and figures from result files."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "build the paper's tables and figures from evaluation/timing results"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", help="results tree to discover inputs in (JSONs are "
+                                     "classified by content; train_log.csv, manifest.json)")
+    p.add_argument("--out", required=True, help="output directory for tables and figures")
+    p.add_argument("--result-files", nargs="+", metavar="JSON",
+                   help="explicit evaluation result JSONs (replaces discovery)")
+    p.add_argument("--timing-files", nargs="+", metavar="JSON",
+                   help="explicit inference-timing JSONs (replaces discovery)")
+    p.add_argument("--train-logs", nargs="+", metavar="CSV",
+                   help="explicit train_log.csv files (replaces discovery)")
+    p.add_argument("--manifests", nargs="+", metavar="JSON",
+                   help="explicit FlexiGPT manifest.json files (replaces discovery)")
+    p.add_argument("--published", help="published-numbers CSV (default: packaged copy)")
+    p.add_argument("--formats", default="md,csv,tex", help="comma-separated table formats")
+    p.add_argument("--no-plots", action="store_true", help="tables only")
+
+
+def run(args: argparse.Namespace) -> int:
+    from flexigpt.tables import build_all
+
+    written = build_all(args.results, args.out, results=args.result_files,
+                        timings=args.timing_files, train_logs=args.train_logs,
+                        manifests=args.manifests, published=args.published,
+                        formats=tuple(f for f in args.formats.split(",") if f),
+                        make_plots=not args.no_plots)
+    print(f"wrote {len(written)} files to {args.out}")
+    return 0

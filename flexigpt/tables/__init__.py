@@ -1,0 +1,13 @@
+"""The paper's tables and figures regenerated from result files.
+
+``build_all(results_dir, out_dir)`` is the entry point (``flexigpt tables`` on the CLI);
+``collect`` reads and validates inputs, ``published`` holds the paper's numbers, ``build``
+and ``timing`` make the tables, ``render`` writes Markdown/CSV/LaTeX, ``plots`` the figures.
+"""
+
+from __future__ import annotations
+
+from flexigpt.tables.collect import ResultFileError
+from flexigpt.tables.report import build_all
+
+__all__ = ["ResultFileError", "build_all"]

@@ -1,0 +1,186 @@
+"""Figures (PNG + PDF) from collected results, training logs and FlexiGPT manifests.
+
+Uses matplotlib's object API with the Agg canvas (no pyplot, no global backend state).
+Every plotting function returns the files it wrote and returns ``[]`` with a log line
+when its inputs are absent, so partial result trees still build.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from flexigpt.tables.build import TASK_HEADERS, main_rows, method_label
+from flexigpt.tables.collect import TASKS
+
+log = logging.getLogger(__name__)
+
+_MARKERS = "osD^v<>ph*"
+
+
+def save_figure(fig: Figure, out_dir: str | os.PathLike, stem: str) -> list[Path]:
+    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf``; returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    paths = []
+    for ext, kwargs in (("png", {"dpi": 150}), ("pdf", {})):
+        path = out / f"{stem}.{ext}"
+        tmp = path.with_name(f".{path.name}.tmp")
+        fig.savefig(tmp, format=ext, bbox_inches="tight", **kwargs)
+        os.replace(tmp, path)
+        paths.append(path)
+    log.info("wrote %s.{png,pdf}", out / stem)
+    return paths
+
+
+def _log_y(ax: Any) -> None:
+    """Log-scale y axis with plain-number tick labels (20, 50, 100 rather than 2×10¹)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(  # label only the 2× and 5× minor ticks
+        lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5)
+        else ""))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+
+
+def accuracy_vs_ratio(agg: pd.DataFrame, model: str, out_dir: str | os.PathLike,
+                      stem: str) -> list[Path]:
+    """Avg, per-task accuracy and PPL (log scale) against the achieved compression ratio,
+    one line per method (final stage, main variants); dense is a dashed reference line."""
+    rows = main_rows(agg, model)
+    dense = rows[rows["method"].eq("dense")]
+    comp = rows[~rows["method"].eq("dense")]
+    if comp.empty:
+        log.info("accuracy-vs-ratio plot for %s: no compressed results; skipped", model)
+        return []
+    x = (comp["achieved_ratio"].fillna(comp["ratio"]) * 100).rename("x")
+    comp = comp.assign(x=x)
+    panels = [("avg", "Avg of 5 tasks (%)"), *[(t, f"{TASK_HEADERS[t]} (%)") for t in TASKS],
+              ("ppl", "PPL (log)")]
+    fig = Figure(figsize=(13, 6.2))
+    axes = fig.subplots(2, 4).ravel()
+    handles: dict[str, Any] = {}
+    for ax, (col, title) in zip(axes, panels):
+        for i, ((method, variant), g) in enumerate(comp.groupby(["method", "variant"], sort=True)):
+            g = g.dropna(subset=[col]).sort_values("x")
+            if g.empty:
+                continue
+            (line,) = ax.plot(g["x"], g[col], marker=_MARKERS[i % len(_MARKERS)], ms=5,
+                              label=method_label(method, variant))
+            handles.setdefault(line.get_label(), line)
+        if not dense.empty and not dense[col].isna().all():
+            ref = ax.axhline(dense[col].mean(), color="0.4", ls="--", lw=1, label="Dense")
+            handles.setdefault("Dense", ref)
+        if col == "ppl" and comp["ppl"].notna().any():
+            _log_y(ax)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("achieved compression (% params)", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    axes[-1].axis("off")
+    axes[-1].legend(list(handles.values()), list(handles), loc="center", fontsize=9, frameon=False)
+    fig.suptitle(f"{model}: accuracy and perplexity vs compression ratio", fontsize=12)
+    fig.tight_layout()
+    return save_figure(fig, out_dir, stem)
+
+
+def recovery_curves(logs: dict[str, pd.DataFrame], out_dir: str | os.PathLike,
+                    stem: str = "fig_recovery_loss") -> list[Path]:
+    """Training loss (and logged PPL, if any) vs tokens, one line per ``train_log.csv``."""
+    if not logs:
+        log.info("recovery-loss plot: no train_log.csv files; skipped")
+        return []
+    with_ppl = any(df["ppl"].notna().any() for df in logs.values())
+    fig = Figure(figsize=(11 if with_ppl else 6.5, 4))
+    axes = fig.subplots(1, 2 if with_ppl else 1, squeeze=False).ravel()
+    for label, df in sorted(logs.items()):
+        df = df.dropna(subset=["loss"])
+        x = df["tokens"] / 1e6
+        window = max(1, len(df) // 50)
+        (line,) = axes[0].plot(x, df["loss"], alpha=0.25 if window > 1 else 1.0, lw=1)
+        if window > 1:
+            axes[0].plot(x, df["loss"].rolling(window, min_periods=1).mean(),
+                         color=line.get_color(), lw=1.5, label=label)
+        else:
+            line.set_label(label)
+        if with_ppl:
+            p = df.dropna(subset=["ppl"])
+            axes[1].plot(p["tokens"] / 1e6, p["ppl"], marker="o", ms=3, color=line.get_color())
+    axes[0].set(xlabel="tokens (M)", ylabel="training loss", title="Recovery training loss")
+    axes[0].legend(fontsize=7)
+    if with_ppl:
+        axes[1].set(xlabel="tokens (M)", ylabel="PPL", title="Logged PPL")
+        _log_y(axes[1])
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, out_dir, stem)
+
+
+def block_influence(rec: dict[str, Any], out_dir: str | os.PathLike, stem: str) -> list[Path]:
+    """BI score per block; pruned blocks in red, annotated with their base block (→j)."""
+    scores = np.asarray(rec["block_influence"], dtype=float)
+    if scores.size == 0:
+        log.info("BI plot %s: empty block_influence; skipped", stem)
+        return []
+    pruned = set(rec["pruned_blocks"])
+    colors = ["tab:red" if i in pruned else "tab:blue" for i in range(scores.size)]
+    fig = Figure(figsize=(max(6.0, 0.28 * scores.size + 2), 3.6))
+    ax = fig.subplots()
+    ax.bar(range(scores.size), scores, color=colors)
+    top = float(np.nanmax(scores)) if np.isfinite(scores).any() else 1.0
+    for block, base in rec["base_map"].items():
+        if 0 <= block < scores.size:
+            ax.text(block, scores[block] + 0.02 * top, f"→{base}", ha="center", va="bottom",
+                    fontsize=7, rotation=90)
+    ax.set(xlabel="block index", ylabel="Block Influence (1 − cos)",
+           title=f"{rec['model']} {rec['method']} ratio={rec['ratio']}: BI per block "
+                 f"({len(pruned)} pruned, red; →base)")
+    ax.set_xticks(range(0, scores.size, 1 if scores.size <= 40 else 2))
+    ax.tick_params(labelsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, out_dir, stem)
+
+
+def distance_heatmap(rec: dict[str, Any], out_dir: str | os.PathLike, stem: str) -> list[Path]:
+    """The base-selection distance matrix, pruned rows only (null = invalid candidate,
+    grey); the chosen base of each row is marked with a white ×."""
+    matrix = rec.get("distance_matrix")
+    rows = sorted(rec["pruned_blocks"])
+    if matrix is None or not rows:
+        log.info("distance heat map %s: no distance matrix or no pruned blocks; skipped", stem)
+        return []
+    full = np.array([[math.nan if v is None else float(v) for v in r] for r in matrix])
+    data = np.ma.masked_invalid(full[rows])
+    if data.mask.all():
+        log.info("distance heat map %s: every entry is null; skipped", stem)
+        return []
+    n = full.shape[1]
+    fig = Figure(figsize=(max(6.0, 0.25 * n + 2.5), max(2.5, 0.3 * len(rows) + 1.6)))
+    ax = fig.subplots()
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.85")
+    im = ax.imshow(data, aspect="auto", cmap=cmap, interpolation="nearest")
+    fig.colorbar(im, ax=ax, label="low-rank distance")
+    for r, block in enumerate(rows):
+        base = rec["base_map"].get(block)
+        if base is not None:
+            ax.plot(base, r, marker="x", color="white", ms=7, mew=2)
+    ax.set_yticks(range(len(rows)), [str(b) for b in rows])
+    ax.set_xticks(range(0, n, 1 if n <= 40 else 2))
+    ax.tick_params(labelsize=7)
+    ax.set(xlabel="candidate base block", ylabel="pruned block",
+           title=f"{rec['model']} ratio={rec['ratio']}: base-selection distances (× = chosen)")
+    fig.tight_layout()
+    return save_figure(fig, out_dir, stem)

@@ -1,0 +1,181 @@
+"""Render tables (one or more blocks of rows) to Markdown, LaTeX and CSV.
+
+A :class:`Block` holds numbers in display units (accuracies and ratios in %) and says per
+column how to format it and whether lower or higher is best; bolding is computed per
+group (e.g. per compression ratio) among groups with at least two values, on the values
+as displayed (so ties after rounding are all bold).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from flexigpt.artifacts import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+#: column kind → formatter of a non-missing value.
+FORMATS = {
+    "text": lambda v: str(v),
+    "int": lambda v: f"{int(v)}",
+    "num": lambda v: f"{v:.2f}",
+    "num0": lambda v: f"{v:.0f}",
+    "num3": lambda v: f"{v:.3f}",
+    "ppl": lambda v: f"{v:.2f}" if abs(v) < 1e4 else f"{v:.2e}",
+    "pct0": lambda v: f"{v:.0f}%",
+    "pct1": lambda v: f"{v:.1f}%",
+    "delta": lambda v: f"{v:+.2f}",
+    "delta_pct": lambda v: f"{v:+.1f}",
+}
+MISSING = "–"
+
+
+@dataclass
+class Block:
+    """A titled set of rows.
+
+    Attributes:
+        title: heading (Markdown ``###``; a LaTeX comment + caption line).
+        frame: rows; columns are the displayed headers, values in display units.
+        kinds: column → key of :data:`FORMATS` (default "text").
+        best: column → "min" | "max": bold the best value per ``group``.
+        group: column whose values split rows into bolding groups (None: one group).
+        markers: (row position, column) → suffix such as "†".
+        notes: footnote lines printed under the block.
+    """
+
+    title: str
+    frame: pd.DataFrame
+    kinds: dict[str, str] = field(default_factory=dict)
+    best: dict[str, str] = field(default_factory=dict)
+    group: str | None = None
+    markers: dict[tuple[int, str], str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for col, kind in self.kinds.items():
+            if kind not in FORMATS:
+                raise ValueError(f"unknown format kind {kind!r} for column {col!r}")
+        for col, how in self.best.items():
+            if how not in ("min", "max"):
+                raise ValueError(f"best[{col!r}] must be 'min' or 'max', got {how!r}")
+
+
+@dataclass
+class Table:
+    """A named table: blocks for Markdown/LaTeX and one tidy frame for CSV."""
+
+    name: str
+    title: str
+    blocks: list[Block]
+    csv: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA
+
+
+def _cell(block: Block, col: str, v: Any) -> str:
+    return MISSING if _missing(v) else FORMATS[block.kinds.get(col, "text")](v)
+
+
+def bold_mask(block: Block) -> set[tuple[int, str]]:
+    """(row position, column) of the best displayed value per group and column."""
+    out: set[tuple[int, str]] = set()
+    df = block.frame.reset_index(drop=True)
+    groups = [df.index] if block.group is None else [
+        idx for _, idx in df.groupby(block.group, dropna=False, sort=False).groups.items()]
+    for col, how in block.best.items():
+        if col not in df:
+            continue
+        for idx in groups:
+            shown = {i: _cell(block, col, df.at[i, col]) for i in idx
+                     if not _missing(df.at[i, col])}
+            if len(shown) < 2:
+                continue
+            values = {i: float(s.rstrip("%")) for i, s in shown.items()}
+            target = min(values.values()) if how == "min" else max(values.values())
+            out.update((i, col) for i, v in values.items() if v == target)
+    return out
+
+
+def _strings(block: Block, bold: str, escape: bool) -> list[list[str]]:
+    df = block.frame.reset_index(drop=True)
+    mask = bold_mask(block)
+    rows = []
+    for i in df.index:
+        cells = []
+        for col in df.columns:
+            text = _cell(block, col, df.at[i, col])
+            text = tex_escape(text) if escape else text
+            text = bold.format(text) if (i, col) in mask else text
+            marker = block.markers.get((i, col), "")
+            cells.append(text + (tex_escape(marker) if escape else marker))
+        rows.append(cells)
+    return rows
+
+
+def tex_escape(text: str) -> str:
+    """Escape LaTeX specials in a cell."""
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
+                 ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("–", "--"),
+                 ("†", r"$^\dagger$"), ("Δ", r"$\Delta$"), ("−", "-"), ("×", r"$\times$")):
+        text = text.replace(a, b)
+    return text.replace(r"\textbackslash\{\}", r"\textbackslash{}")
+
+
+def to_markdown(table: Table) -> str:
+    """GitHub Markdown: ``## title``, then each block as ``### title``, table, notes."""
+    lines = [f"## {table.title}", ""]
+    for block in table.blocks:
+        lines += [f"### {block.title}", ""]
+        cols = list(block.frame.columns)
+        lines.append("| " + " | ".join(cols) + " |")
+        lines.append("|" + "|".join("---" if block.kinds.get(c, "text") == "text" else "---:"
+                                    for c in cols) + "|")
+        lines += ["| " + " | ".join(r) + " |" for r in _strings(block, "**{}**", escape=False)]
+        lines.append("")
+        if block.notes:
+            lines += [*block.notes, ""]
+    if table.notes:
+        lines += [*table.notes, ""]
+    return "\n".join(lines)
+
+
+def to_latex(table: Table) -> str:
+    """One ``tabular`` per block (booktabs), bold as ``\\textbf``; notes as comments."""
+    parts = [f"% {table.title}", "% generated by flexigpt tables; needs \\usepackage{booktabs}"]
+    for block in table.blocks:
+        cols = list(block.frame.columns)
+        body = pd.DataFrame(_strings(block, r"\textbf{{{}}}", escape=True),
+                            columns=[tex_escape(c) for c in cols])
+        fmt = "".join("l" if block.kinds.get(c, "text") == "text" else "r" for c in cols)
+        parts += ["", f"% {block.title}", *(f"% {n}" for n in block.notes)]
+        parts.append(body.to_latex(index=False, escape=False, column_format=fmt or "l"))
+    parts += [f"% {n}" for n in table.notes]
+    return "\n".join(parts) + "\n"
+
+
+def write_table(table: Table, out_dir: str | os.PathLike,
+                formats: tuple[str, ...] = ("md", "csv", "tex")) -> list[Path]:
+    """Write ``<name>.md/.csv/.tex`` into ``out_dir``; returns the paths written."""
+    out = Path(out_dir)
+    written = []
+    render = {"md": to_markdown, "tex": to_latex,
+              "csv": lambda t: t.csv.to_csv(index=False, float_format="%.6g")}
+    for fmt in formats:
+        if fmt not in render:
+            raise ValueError(f"unknown table format {fmt!r}; expected one of {sorted(render)}")
+        path = out / f"{table.name}.{fmt}"
+        atomic_write_text(path, render[fmt](table))
+        written.append(path)
+    log.info("wrote %s.{%s}", out / table.name, ",".join(formats))
+    return written

@@ -1,0 +1,128 @@
+"""``build_all``: every table and figure from a results tree or explicit file lists."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from flexigpt.artifacts import atomic_write_text
+from flexigpt.tables import ablation, build, timing
+from flexigpt.tables.collect import (Inputs, collect_results, collect_timings, discover,
+                                     read_flexigpt_manifest, read_train_log)
+from flexigpt.tables.published import load_published
+from flexigpt.tables.render import write_table
+
+log = logging.getLogger(__name__)
+
+PathList = list[str | os.PathLike] | None
+
+
+def _label(path: Path, root: Path | None) -> str:
+    """Short label of a file's directory: relative to ``root`` when under it."""
+    parent = path.resolve().parent
+    if root is not None:
+        try:
+            return str(parent.relative_to(root.resolve())) or parent.name
+        except ValueError:
+            pass
+    return "/".join(parent.parts[-3:])
+
+
+def gather_inputs(results_dir: str | os.PathLike | None, results: PathList = None,
+                  timings: PathList = None, train_logs: PathList = None,
+                  manifests: PathList = None) -> Inputs:
+    """Explicit lists win per kind; kinds not given are discovered under ``results_dir``."""
+    given = {"results": results, "timings": timings, "train_logs": train_logs,
+             "manifests": manifests}
+    if results_dir is None and results is None:
+        raise ValueError("give a results directory or an explicit list of result files")
+    found = discover(results_dir) if results_dir is not None and any(
+        v is None for v in given.values()) else Inputs()
+    for kind, paths in given.items():
+        if paths is not None:
+            setattr(found, kind, [Path(p) for p in paths])
+    return found
+
+
+def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike, *,
+              results: PathList = None, timings: PathList = None, train_logs: PathList = None,
+              manifests: PathList = None, published: str | os.PathLike | None = None,
+              formats: tuple[str, ...] = ("md", "csv", "tex"),
+              make_plots: bool = True) -> list[Path]:
+    """Write Tables 1, 4, 5, 6, 7 (per model, where inputs exist) and the figures.
+
+    Args:
+        results_dir: tree to discover inputs in (None: only the explicit lists).
+        out_dir: where tables (``.md/.csv/.tex``) and figures (``.png/.pdf``) go.
+        results, timings, train_logs, manifests: explicit file lists (e.g. a Snakemake
+            rule's inputs); each replaces discovery for its kind.
+        published: the published-numbers CSV (default: the packaged one).
+        formats: table formats to write.
+        make_plots: also draw the figures.
+
+    Returns:
+        The files written, in order. Raises ResultFileError / FileNotFoundError naming the
+        first unreadable or malformed input.
+    """
+    root = Path(results_dir) if results_dir is not None else None
+    inputs = gather_inputs(results_dir, results, timings, train_logs, manifests)
+    pub = load_published(published)
+    df = collect_results(inputs.results)
+    agg = build.aggregate(df) if not df.empty else pd.DataFrame()
+    times = collect_timings(inputs.timings)
+    # Read every figure input before writing anything, so a bad file fails fast.
+    logs = {_label(p, root): read_train_log(p) for p in inputs.train_logs} if make_plots else {}
+    records = [(p, r) for p in inputs.manifests
+               if (r := read_flexigpt_manifest(p)) is not None] if make_plots else []
+    out = Path(out_dir)
+    written: list[Path] = []
+    models = list(dict.fromkeys(agg["model"])) if not agg.empty else []
+    if not models:
+        log.info("no evaluation results: tables 1, 4, 5 skipped")
+    for model in models:
+        for builder in (build.table1, ablation.table4, build.table5):
+            table = builder(agg, pub, model)
+            if table is not None:
+                written += write_table(table, out, formats)
+    for model in (list(dict.fromkeys(times["model"])) if not times.empty else []):
+        for number in (6, 7):
+            table = timing.timing_table(times, pub, model, number)
+            if table is not None:
+                written += write_table(table, out, formats)
+    if make_plots:
+        written += _figures(agg, logs, records, root, out)
+    index = out / "index.txt"
+    atomic_write_text(index, "".join(f"{p.relative_to(out)}\n" for p in written))
+    log.info("wrote %d files to %s", len(written), out)
+    return written
+
+
+def _figures(agg: pd.DataFrame, logs: dict[str, pd.DataFrame],
+             records: list[tuple[Path, dict[str, Any]]], root: Path | None,
+             out: Path) -> list[Path]:
+    """Accuracy/PPL-vs-ratio per model, recovery curves, BI bars and distance heat maps."""
+    from flexigpt.tables import plots  # matplotlib only when figures are wanted
+
+    written: list[Path] = []
+    for model in (list(dict.fromkeys(agg["model"])) if not agg.empty else []):
+        stem = f"fig_accuracy_vs_ratio_{build.slug(model)}"
+        written += plots.accuracy_vs_ratio(agg, model, out, stem)
+    written += plots.recovery_curves(logs, out)
+    seen: set[str] = set()
+    if not records:
+        log.info("BI / distance plots: no FlexiGPT manifests with block_influence; skipped")
+    for path, rec in records:
+        key = json.dumps([rec["model"], rec["ratio"], rec["block_influence"], rec["pruned_blocks"],
+                          rec["base_map"]], sort_keys=True)
+        if key in seen:  # a trained copy of the same compressed model
+            continue
+        seen.add(key)
+        slug = build.slug(_label(path, root).replace("/", "_"))
+        written += plots.block_influence(rec, out, f"fig_bi_{slug}")
+        written += plots.distance_heatmap(rec, out, f"fig_distance_{slug}")
+    return written
