@@ -1,0 +1,139 @@
+"""A tiny random-init Llama + byte-level BPE tokenizer: the model of CI smoke runs.
+
+Defaults: 8 decoder blocks, hidden 128, 4 query heads over 2 KV heads (GQA, head_dim
+32), SwiGLU intermediate 384, tied embeddings, vocab 2048 (BPE trained on the wiki train
+text), 1024 positions — about 1.8M parameters. Weights come from ``torch.manual_seed(seed)``
+and the tokenizer from a deterministic BPE training run, so a rebuild with the same text
+and seed gives the same files. The tokenizer adds no special tokens (like SmolLM2's);
+``<s>`` = 0 (BOS), ``</s>`` = 1 (EOS), ``<pad>`` = 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flexigpt.artifacts import atomic_directory, sha256_file
+from flexigpt.resources.stamp import is_current, make_key, write_stamp
+from flexigpt.resources.wheels import ResourceError
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")
+
+
+@dataclass
+class TinyLlamaConfig:
+    """Shape of the tiny model; validated on construction."""
+
+    layers: int = 8
+    hidden: int = 128
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 384
+    vocab_size: int = 2048
+    max_positions: int = 1024
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads}")
+        if self.vocab_size < 256 + len(SPECIAL_TOKENS):
+            raise ValueError(f"vocab_size={self.vocab_size} is below the 259 byte-level "
+                             "base tokens")
+
+
+def train_tokenizer(documents: list[str], vocab_size: int) -> Any:
+    """Byte-level BPE trained on ``documents``, wrapped as ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(documents, trainer)
+    bos, eos, pad = SPECIAL_TOKENS
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
+                                   pad_token=pad)
+
+
+def make_model(cfg: TinyLlamaConfig, tokenizer: Any, seed: int) -> torch.nn.Module:
+    """Random-init ``LlamaForCausalLM`` of shape ``cfg`` (fp32), ids taken from ``tokenizer``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_cfg = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(hf_cfg).eval()
+
+
+def check_reload(model_dir: Path, cfg: TinyLlamaConfig, sample: str) -> int:
+    """Reload with ``flexigpt.load_model``; check shape, finite logits, tokenizer round trip.
+
+    Returns the parameter count.
+    """
+    from flexigpt.models.loading import load_model
+    from flexigpt.params import count_parameters
+
+    model, tok = load_model(model_dir)
+    if len(model.model.layers) != cfg.layers:
+        raise ResourceError(f"tiny-llama reloads with {len(model.model.layers)} layers, "
+                            f"expected {cfg.layers}")
+    ids = tok(sample, return_tensors="pt")["input_ids"][:, :64]
+    if tok.decode(tok(sample)["input_ids"]) != sample:
+        raise ResourceError("tiny-llama tokenizer does not round-trip the sample text")
+    with torch.no_grad():
+        logits = model(ids).logits
+    if logits.shape[-1] != len(tok) or not torch.isfinite(logits).all():
+        raise ResourceError(f"tiny-llama forward is broken: logits {tuple(logits.shape)}")
+    return count_parameters(model)
+
+
+def build_tiny_llama(out_dir: str | os.PathLike, text_path: str | os.PathLike, seed: int = 0,
+                     config: TinyLlamaConfig | None = None, force: bool = False) -> Path:
+    """Build ``out_dir`` (e.g. ``resources/models/tiny-llama``) from the text at ``text_path``.
+
+    ``text_path`` is a one-document-per-paragraph file (the wiki train text). Output:
+    ``save_pretrained`` model + tokenizer and a ``resource.json`` stamp, written atomically;
+    a no-op when the stamp matches (same text sha256, seed and config).
+    """
+    from flexigpt.calibration import read_documents
+
+    cfg = config or TinyLlamaConfig()
+    out_dir = Path(out_dir)
+    key = make_key("tiny-llama", {"text_sha256": sha256_file(text_path)},
+                   {"seed": seed, **asdict(cfg)})
+    if not force and is_current(out_dir, key):
+        return out_dir
+    started = time.time()
+    documents = read_documents(text_path)
+    tokenizer = train_tokenizer(documents, cfg.vocab_size)
+    tokenizer.model_max_length = cfg.max_positions
+    model = make_model(cfg, tokenizer, seed)
+    with atomic_directory(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        params = check_reload(tmp, cfg, documents[0][:400])
+        log.info("tiny-llama: %d parameters, vocab %d", params, len(tokenizer))
+        write_stamp(tmp, key, {"parameters": params, "vocab": len(tokenizer),
+                               "documents": len(documents)}, started,
+                    extra={"text_path": str(text_path)})
+        tmp.chmod(0o755)
+    return out_dir
