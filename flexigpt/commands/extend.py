@@ -1,0 +1,53 @@
+"""flexigpt extend: deepen a model with weight-shared repeated blocks (FlexiGPT §5.2).
+
+Thin wrapper around ``flexigpt.api.compress(method="flexigpt_extend")``; recovery training
+is a separate step (``flexigpt train``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "extend a model with weight-shared repeated blocks (LoRA + output norm) and save it"
+
+
+def parse_span(text: str) -> list[int]:
+    """``"s:e"`` → ``[s, e]`` (end exclusive)."""
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return [int(start), int(end)]
+    except ValueError:
+        raise ValueError(f"--span expects START:END (end exclusive), got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="local checkpoint dir or hub id")
+    p.add_argument("--layers", required=True, type=int, help="target depth (blocks)")
+    p.add_argument("--pattern", default="block", choices=["block", "sequential"])
+    p.add_argument("--span", help="repeated blocks START:END (end exclusive); default: middle")
+    p.add_argument("--rank", type=int, help="LoRA rank of the repeats (default hidden/16)")
+    p.add_argument("--gamma-init", type=float, default=0.0,
+                   help="initial output-norm gamma of the repeats (0: identity at init)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32")
+
+
+def run(args: argparse.Namespace) -> int:
+    from flexigpt.api import compress
+
+    options: dict[str, object] = {"layers": args.layers, "pattern": args.pattern,
+                                  "gamma_init": args.gamma_init}
+    if args.span is not None:
+        options["span"] = parse_span(args.span)
+    if args.rank is not None:
+        options["rank"] = args.rank
+    manifest = compress("flexigpt_extend", args.model, args.out, options=options,
+                        seed=args.seed, dtype=args.dtype)
+    p = manifest["parameters"]
+    print(f"flexigpt_extend: {manifest['info']['original_layers']} -> "
+          f"{manifest['info']['layers']} blocks, {p['compressed']:,} / {p['dense']:,} parameters "
+          f"({100 * (p['compressed'] / p['dense'] - 1):+.2f}%) -> {args.out}")
+    return 0

@@ -1,0 +1,158 @@
+"""Choosing the weight-sharing base of each pruned block (FlexiGPT Eq. 2–5).
+
+For pruned block i, candidate j and each linear matrix W (q, k, v, o, gate, up, down):
+
+* ``lowrank`` (the paper): Ŵ = rank-r truncation of W; the distance is
+  ``||Ŵ_i − (Ŵ_j + Δ)||_F`` with Δ the rank-r truncation of ``Ŵ_i − Ŵ_j``, which by
+  Eckart–Young equals ``sqrt(Σ_{k=r+1}^{2r} σ_k(Ŵ_i − Ŵ_j)²)``. ``Ŵ_i − Ŵ_j = P Qᵀ`` with
+  ``P = [U_iΣ_i, −U_jΣ_j]`` ``[out, 2r]`` and ``Q = [V_i, V_j]`` ``[in, 2r]``, so its
+  singular values are those of the small ``R_P R_Qᵀ`` (QR factors): no large SVD per pair.
+* ``full`` (Table 4 row 1, no high-rank removal): ``sqrt(Σ_{k>r} σ_k(W_i − W_j)²)``.
+* ``frobenius`` (Fig. 2c): ``||W_i − W_j||_F``.
+
+The block distance is the **sum** of the per-matrix distances (not stated in the paper).
+Candidates are the unpruned blocks only; ties go to the lower block index.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from flexigpt.methods.surgery import _svd
+from flexigpt.models.adapters import ArchAdapter
+
+log = logging.getLogger(__name__)
+
+DISTANCES = ("lowrank", "full", "frobenius")
+
+
+@dataclass
+class BaseSelection:
+    """Result of :func:`select_bases`.
+
+    Attributes:
+        distances: ``[L, L]`` float64 block distances; row i = pruned block, column j =
+            candidate. NaN where invalid (unpruned rows, pruned columns, the diagonal).
+        base_map: ``{pruned block: chosen base block}``.
+        timings: seconds per stage (``truncation``, ``distances``).
+    """
+
+    distances: torch.Tensor
+    base_map: dict[int, int]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def matrix_json(self) -> list[list[float | None]]:
+        """The distance matrix as nested lists with ``None`` for invalid entries."""
+        return [[None if torch.isnan(v) else float(v) for v in row] for row in self.distances]
+
+
+@torch.no_grad()
+def truncations(weights: torch.Tensor, rank: int, svd_dtype: torch.dtype,
+                chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank-``rank`` factors of a stack of matrices.
+
+    Args:
+        weights: ``[L, out, in]``.
+    Returns:
+        ``US [L, out, r]`` (left vectors scaled by singular values) and ``V [L, in, r]`` so
+        that ``Ŵ_l = US_l V_lᵀ``.
+    """
+    us_parts, v_parts = [], []
+    for start in range(0, weights.shape[0], chunk):
+        u, s, vh = _svd(weights[start:start + chunk].to(svd_dtype))
+        us_parts.append(u[..., :rank] * s[..., None, :rank])
+        v_parts.append(vh[..., :rank, :].mT)
+    return torch.cat(us_parts), torch.cat(v_parts)
+
+
+def lowrank_distance(us_i: torch.Tensor, v_i: torch.Tensor, us_j: torch.Tensor,
+                     v_j: torch.Tensor, rank: int) -> torch.Tensor:
+    """Eq. 2 for one pruned matrix against ``J`` candidates.
+
+    Args:
+        us_i: ``[out, r]``, v_i: ``[in, r]`` factors of Ŵ_i; us_j: ``[J, out, r]``,
+            v_j: ``[J, in, r]`` factors of the candidates.
+    Returns:
+        ``[J]`` distances ``sqrt(Σ_{k=r+1}^{2r} σ_k(Ŵ_i − Ŵ_j)²)``.
+    """
+    n = us_j.shape[0]
+    p = torch.cat([us_i.expand(n, -1, -1), -us_j], dim=-1)  # [J, out, 2r]
+    q = torch.cat([v_i.expand(n, -1, -1), v_j], dim=-1)  # [J, in, 2r]
+    r_p = torch.linalg.qr(p, mode="r").R
+    r_q = torch.linalg.qr(q, mode="r").R
+    s = torch.linalg.svdvals(r_p @ r_q.mT)  # singular values of Ŵ_i − Ŵ_j, descending
+    return s[:, rank:].pow(2).sum(-1).sqrt()
+
+
+def _full_distance(w_i: torch.Tensor, w_j: torch.Tensor, rank: int, chunk: int = 8) -> torch.Tensor:
+    out = []
+    for start in range(0, w_j.shape[0], chunk):
+        diff = w_i - w_j[start:start + chunk]
+        if diff.shape[-2] < diff.shape[-1]:
+            diff = diff.mT
+        out.append(torch.linalg.svdvals(diff)[:, rank:].pow(2).sum(-1).sqrt())
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
+                 pruned: list[int], ranks: dict[str, int], metric: str = "lowrank",
+                 svd_dtype: torch.dtype = torch.float32, progress: bool = True) -> BaseSelection:
+    """Distances of every pruned block to every unpruned block, and the argmin base (Eq. 5).
+
+    Args:
+        blocks: the model's decoder blocks (all dense ``nn.Linear``s).
+        adapter: architecture adapter (names of the linears).
+        pruned: indices of the pruned blocks.
+        ranks: ``{dotted linear name: r}`` truncation rank per matrix (``lowrank``/``full``).
+        metric: one of :data:`DISTANCES`.
+        svd_dtype: dtype of every decomposition and distance.
+
+    Raises:
+        ValueError: unknown metric, or no unpruned candidate block.
+    """
+    if metric not in DISTANCES:
+        raise ValueError(f"distance must be one of {DISTANCES}, got {metric!r}")
+    n = len(blocks)
+    pruned = sorted(set(pruned))
+    candidates = [j for j in range(n) if j not in pruned]
+    if not pruned or not candidates:
+        raise ValueError(f"base selection needs pruned blocks and unpruned candidates; got "
+                         f"pruned={pruned} of {n} blocks")
+    dist = torch.full((n, n), float("nan"), dtype=torch.float64)
+    total = torch.zeros(len(pruned), len(candidates), dtype=torch.float64)
+    timings = {"truncation": 0.0, "distances": 0.0}
+    cand = torch.tensor(candidates)
+    names = adapter.linear_names()
+    for name in tqdm(names, desc=f"base selection ({metric})", disable=not progress):
+        weights = torch.stack([adapter.block_linears(b)[name].weight.detach() for b in blocks])
+        rank = ranks[name]
+        if metric == "lowrank":
+            t0 = time.perf_counter()
+            us, v = truncations(weights, rank, svd_dtype)
+            timings["truncation"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for row, i in enumerate(pruned):
+                total[row] += lowrank_distance(us[i], v[i], us[cand], v[cand], rank).double()
+        else:
+            t0 = time.perf_counter()
+            w = weights.to(svd_dtype)
+            for row, i in enumerate(pruned):
+                if metric == "full":
+                    d = _full_distance(w[i], w[cand], rank)
+                else:
+                    d = torch.linalg.matrix_norm(w[i] - w[cand])
+                total[row] += d.double()
+        timings["distances"] += time.perf_counter() - t0
+    for row, i in enumerate(pruned):
+        dist[i, cand] = total[row]
+    base_map = {i: candidates[int(torch.argmin(total[row]))] for row, i in enumerate(pruned)}
+    log.info("base map (pruned -> base): %s", base_map)
+    return BaseSelection(distances=dist, base_map=base_map,
+                         timings={k: round(v, 4) for k, v in timings.items()})

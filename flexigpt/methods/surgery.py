@@ -1,0 +1,162 @@
+"""Block surgery shared by FlexiGPT pruning and extension (and by their ``rebuild``).
+
+A weight-shared block is an ordinary decoder block of the model's class whose linears are
+:class:`SharedLoRALinear` over another block's ``nn.Linear`` objects, optionally with its
+attention and MLP wrapped in :class:`OutputNorm`. The same functions build the real model
+(then the adapters are initialised) and the empty skeleton for loading (zero placeholders).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+
+import torch
+from torch import nn
+
+from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
+from flexigpt.models.adapters import ArchAdapter
+
+log = logging.getLogger(__name__)
+
+#: value used by OutputNorm as variance guard; recorded in every structure
+OUTPUT_NORM_EPS = 1e-6
+
+
+def default_rank(hidden_size: int) -> int:
+    """r = d/16 (the paper's 256/4096 ratio), at least 1."""
+    return max(1, hidden_size // 16)
+
+
+def matrix_ranks(adapter: ArchAdapter, block: nn.Module, rank: int) -> dict[str, int]:
+    """``{dotted linear name: min(rank, out, in)}`` for one block."""
+    return {name: min(rank, *lin.weight.shape)
+            for name, lin in adapter.block_linears(block).items()}
+
+
+def linear_numel(adapter: ArchAdapter, block: nn.Module) -> int:
+    """Weights + biases of a block's linear matrices."""
+    return sum(p.numel() for lin in adapter.block_linears(block).values()
+               for p in lin.parameters())
+
+
+def prenorm_numel(adapter: ArchAdapter, block: nn.Module) -> int:
+    return sum(p.numel() for m in (adapter.input_norm(block), adapter.post_attn_norm(block))
+               for p in m.parameters())
+
+
+def adapter_numel(adapter: ArchAdapter, block: nn.Module, ranks: dict[str, int]) -> int:
+    """LoRA parameters a weight-shared copy of ``block`` adds: Σ r·(in + out)."""
+    return sum(ranks[name] * (lin.weight.shape[0] + lin.weight.shape[1])
+               for name, lin in adapter.block_linears(block).items())
+
+
+def _set_child(root: nn.Module, dotted: str, module: nn.Module) -> None:
+    parent_path, _, name = dotted.rpartition(".")
+    parent = root
+    for part in parent_path.split(".") if parent_path else []:
+        parent = getattr(parent, part)
+    setattr(parent, name, module)
+
+
+def share_block(target: nn.Module, base: nn.Module, adapter: ArchAdapter, hidden_size: int,
+                ranks: dict[str, int], output_norm: bool, gamma_init: float,
+                share_prenorms: bool = False,
+                eps: float = OUTPUT_NORM_EPS) -> dict[str, SharedLoRALinear]:
+    """Turn ``target`` (in place) into a weight-shared block over ``base``'s linears.
+
+    Every linear of ``target`` is replaced by ``SharedLoRALinear(base's linear, zeros, zeros)``
+    (so ``target``'s own linears are dropped); ``share_prenorms`` makes its two pre-norms the
+    base's modules; ``output_norm`` wraps its attention and MLP in :class:`OutputNorm`.
+
+    Returns:
+        ``{dotted linear name: SharedLoRALinear}`` for initialisation.
+    """
+    out: dict[str, SharedLoRALinear] = {}
+    for name, lin in adapter.block_linears(base).items():
+        if not isinstance(lin, nn.Linear):
+            raise TypeError(f"base linear {name!r} is a {type(lin).__name__}, not nn.Linear: "
+                            "a weight-shared block cannot be a base")
+        w = lin.weight
+        r = ranks[name]
+        module = SharedLoRALinear(lin, torch.zeros(r, w.shape[1], dtype=w.dtype, device=w.device),
+                                  torch.zeros(w.shape[0], r, dtype=w.dtype, device=w.device))
+        _set_child(target, name, module)
+        out[name] = module
+    if share_prenorms:
+        setattr(target, adapter.input_norm_name, adapter.input_norm(base))
+        setattr(target, adapter.post_attn_norm_name, adapter.post_attn_norm(base))
+    if output_norm:
+        for sub in (adapter.attn_name, adapter.mlp_name):
+            setattr(target, sub, OutputNorm(getattr(target, sub), hidden_size, gamma_init, eps))
+    return out
+
+
+def repeat_shell(block: nn.Module, adapter: ArchAdapter, config: object) -> nn.Module:
+    """A deep copy of ``block`` that *shares* its linears (and the model config).
+
+    Norms and any other parameters are copied; the linears are the same objects, ready to be
+    wrapped by :func:`share_block` (with ``base=block``).
+    """
+    memo: dict[int, object] = {id(config): config}
+    for lin in adapter.block_linears(block).values():
+        memo[id(lin)] = lin
+    return copy.deepcopy(block, memo)
+
+
+def _svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD ``U [m,q], S [q], Vh [q,n]``; wide matrices are decomposed transposed (faster)."""
+    if matrix.shape[-2] < matrix.shape[-1]:
+        u, s, vh = torch.linalg.svd(matrix.mT, full_matrices=False)
+        return vh.mT, s, u.mT
+    return torch.linalg.svd(matrix, full_matrices=False)
+
+
+@torch.no_grad()
+def init_svd_(module: SharedLoRALinear, pruned_weight: torch.Tensor,
+              svd_dtype: torch.dtype = torch.float32) -> float:
+    """FlexiGPT Eq. 7–8: ``lora_B = U_r Σ_r``, ``lora_A = V_r^T`` of ``W_pruned − W_base``.
+
+    Requires ``module.scaling == 1`` semantics (the product is the rank-r truncation).
+
+    Returns:
+        Relative residual ``||Δ − B A||_F / ||Δ||_F`` (0 when Δ = 0 or r is full).
+    """
+    base = module.base_layer.weight
+    delta = pruned_weight.to(svd_dtype) - base.to(svd_dtype)
+    u, s, vh = _svd(delta)
+    r = module.rank
+    module.lora_B.copy_((u[:, :r] * s[:r]) / module.scaling)
+    module.lora_A.copy_(vh[:r])
+    total = float(s.double().pow(2).sum())
+    return math.sqrt(float(s[r:].double().pow(2).sum()) / total) if total > 0 else 0.0
+
+
+@torch.no_grad()
+def init_standard_(module: SharedLoRALinear) -> None:
+    """PEFT's default LoRA init: ``lora_A`` Kaiming-uniform (a=√5), ``lora_B`` zero."""
+    nn.init.kaiming_uniform_(module.lora_A, a=math.sqrt(5))
+    nn.init.zeros_(module.lora_B)
+
+
+def sharing_summary(model: nn.Module) -> dict[str, int]:
+    """Parameter counts of the weight-sharing parts (for manifests).
+
+    Keys: ``unique`` (``count_parameters``: shared storage once), ``adapters`` (all
+    ``lora_A``/``lora_B``), ``output_norms`` (all ``gamma``), ``shared_linears`` (unique
+    base linear parameters that weight-shared blocks reuse, counted once).
+    """
+    from flexigpt.params import count_parameters
+
+    adapters = gammas = 0
+    shared: dict[tuple[int, int], int] = {}
+    for module in model.modules():
+        if isinstance(module, SharedLoRALinear):
+            adapters += module.lora_A.numel() + module.lora_B.numel()
+            for p in module.base_layer.parameters():
+                shared[(p.untyped_storage().data_ptr(), p.storage_offset())] = p.numel()
+        elif isinstance(module, OutputNorm):
+            gammas += module.gamma.numel()
+    return {"unique": count_parameters(model), "adapters": adapters, "output_norms": gammas,
+            "shared_linears": sum(shared.values())}
