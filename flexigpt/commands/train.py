@@ -1,0 +1,75 @@
+"""flexigpt train: recovery training of any saved model (see flexigpt.training).
+
+Multi-GPU: ``accelerate launch -m flexigpt.cli train ...`` (same flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "recovery-train a saved model (FlexiGPT adapters, LoRA, or full) and save it"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from flexigpt.training.config import BF16_MODES, RECIPES, SCHEDULES
+
+    p.add_argument("--model", required=True, help="saved model dir (any method) or HF checkpoint")
+    p.add_argument("--out", required=True, help="output directory (checkpoints in <out>.ckpt)")
+    p.add_argument("--tokens", type=int, required=True, help="training token budget")
+    p.add_argument("--text", default="resources/text/wiki/train.txt", help="training text")
+    p.add_argument("--validation", default="resources/text/wiki/validation.txt",
+                   help="held-out text for perplexity ('' to skip)")
+    p.add_argument("--recipe", choices=RECIPES,
+                   help="trainable set (default: the manifest's, else the method's)")
+    p.add_argument("--lr", type=float, help="peak LR (default: manifest, else per recipe)")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step")
+    p.add_argument("--warmup", type=float, default=0.05, help="fraction (<1) or steps")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=1.0, help="<= 0 disables clipping")
+    p.add_argument("--schedule", choices=SCHEDULES, default="cosine")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--bf16", choices=BF16_MODES, default="auto")
+    p.add_argument("--compile", action="store_true", help="torch.compile the forward")
+    p.add_argument("--eval-every", type=int, default=0, help="steps between held-out evals")
+    p.add_argument("--eval-windows", type=int, default=64, help="validation windows")
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--keep-checkpoint", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lora-rank", type=int)
+    p.add_argument("--lora-alpha", type=float)
+    p.add_argument("--lora-dropout", type=float)
+    p.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj")
+    p.add_argument("--lora-other-blocks", action="store_true",
+                   help="recipe flexigpt: also mergeable LoRA on unpruned blocks")
+
+
+def run(args: argparse.Namespace) -> int:
+    from flexigpt.training import TrainConfig, train_model
+
+    cfg = TrainConfig(
+        tokens=args.tokens, seq_len=args.seq_len, micro_batch=args.micro_batch,
+        global_batch=args.global_batch, lr=args.lr,
+        warmup=int(args.warmup) if args.warmup >= 1 else args.warmup,
+        weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip if args.grad_clip > 0 else None, schedule=args.schedule,
+        min_lr_ratio=args.min_lr_ratio, bf16=args.bf16, compile=args.compile,
+        eval_every=args.eval_every,
+        eval_windows=args.eval_windows, checkpoint_every=args.checkpoint_every,
+        keep_checkpoint=args.keep_checkpoint, seed=args.seed, recipe=args.recipe,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+        lora_targets=tuple(args.lora_targets.split(",")) if args.lora_targets else None,
+        lora_other_blocks=args.lora_other_blocks)
+    manifest = train_model(args.model, args.out, cfg, text=args.text,
+                           validation=args.validation or None)
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:
+        return 0
+    h = manifest["history"][-1]
+    print(f"{manifest['method']} / recipe {h['recipe']}: {h['steps']} steps, {h['tokens']:,} "
+          f"tokens, {h['trainable']['trainable_parameters']:,} trainable parameters; "
+          f"held-out ppl {h['ppl_before']} -> {h['final_ppl']} ({h['train_seconds']:.1f}s, "
+          f"{h['tokens_per_second']} tok/s) -> {args.out}")
+    return 0

@@ -1,0 +1,144 @@
+"""Training checkpoints in ``<out>.ckpt/``, written atomically, resumed exactly.
+
+A checkpoint holds what the trajectory depends on after step k:
+
+- ``trainable.pt``: every trainable tensor by parameter name (LoRA, γ, or all weights for
+  ``full``); frozen weights come from the input model again on resume;
+- ``optimizer.pt``: AdamW and LR-scheduler state;
+- ``state.json``: step, data position (sequences consumed), train seconds so far, the log
+  rows so far, and a fingerprint of every setting that shapes the trajectory.
+
+RNG state needs no file: the loop reseeds torch from ``(seed, step, rank)`` at the start of
+every step (dropout is the only consumer) and the data order is a pure function of the
+position (:mod:`flexigpt.training.data`), so step k+1 of a resumed run is computed exactly
+as in an uninterrupted one.
+
+Writes go to a temporary sibling; the previous checkpoint is moved aside and deleted only
+after the new one is in place, so an interruption never leaves no checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from flexigpt.artifacts import CheckpointError
+
+STATE = "state.json"
+FORMAT = 1
+
+
+@dataclass
+class TrainState:
+    """Progress of a run; ``log`` rows are dicts with step, tokens, loss, lr, ppl."""
+
+    step: int = 0
+    position: int = 0
+    train_seconds: float = 0.0
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+
+def checkpoint_dir(out_dir: str | os.PathLike) -> Path:
+    """``<out>.ckpt`` next to the output directory."""
+    out = Path(out_dir)
+    return out.with_name(out.name + ".ckpt")
+
+
+def fingerprint(settings: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of the settings that shape the trajectory."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any,
+                    state: TrainState, digest: str) -> None:
+    """Write a checkpoint atomically (``model`` unwrapped; call on the main process only)."""
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.partial-", dir=ckpt.parent))
+    old = ckpt.with_name(ckpt.name + ".old")
+    try:
+        torch.save(trainable_state(model), tmp / "trainable.pt")
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+                   tmp / "optimizer.pt")
+        (tmp / STATE).write_text(json.dumps(
+            {"format": FORMAT, "fingerprint": digest, "step": state.step,
+             "position": state.position, "train_seconds": state.train_seconds,
+             "log": state.log}, indent=1))
+        if ckpt.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(ckpt, old)
+        os.replace(tmp, ckpt)
+        if old.exists():
+            shutil.rmtree(old)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def find_checkpoint(ckpt: Path) -> Path | None:
+    """The checkpoint directory to resume from (the moved-aside one if a swap was cut)."""
+    for path in (ckpt, ckpt.with_name(ckpt.name + ".old")):
+        if (path / STATE).is_file():
+            return path
+    return None
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / STATE).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"training checkpoint {str(path)!r} is unreadable: {err}") from None
+
+
+def load_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any,
+                    digest: str) -> TrainState | None:
+    """Restore trainable tensors, optimizer and scheduler; None when there is no checkpoint.
+
+    Raises:
+        CheckpointError: the checkpoint was made with other settings (fingerprint), or its
+            tensors do not match the model's trainable set.
+    """
+    path = find_checkpoint(ckpt)
+    if path is None:
+        return None
+    meta = read_state(path)
+    if meta.get("format") != FORMAT or meta.get("fingerprint") != digest:
+        raise CheckpointError(
+            f"training checkpoint {str(path)!r} was written by a run with different settings "
+            "(model, text, config or recipe); rerun with the same settings to resume, or "
+            "delete it to start over")
+    try:
+        tensors = torch.load(path / "trainable.pt", weights_only=True)
+        opt = torch.load(path / "optimizer.pt", weights_only=True)
+    except (OSError, RuntimeError, EOFError) as err:
+        raise CheckpointError(f"training checkpoint {str(path)!r} is corrupt: {err}") from None
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if set(params) != set(tensors) or any(params[n].shape != t.shape for n, t in tensors.items()):
+        raise CheckpointError(f"training checkpoint {str(path)!r} does not match the model's "
+                              "trainable parameters")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor)
+    optimizer.load_state_dict(opt["optimizer"])
+    scheduler.load_state_dict(opt["scheduler"])
+    return TrainState(step=int(meta["step"]), position=int(meta["position"]),
+                      train_seconds=float(meta["train_seconds"]), log=list(meta["log"]))
+
+
+def remove_checkpoint(ckpt: Path) -> None:
+    for path in (ckpt, ckpt.with_name(ckpt.name + ".old")):
+        if path.exists():
+            shutil.rmtree(path)

@@ -1,0 +1,236 @@
+"""Training configuration and its resolution against a model's manifest.
+
+:class:`TrainConfig` holds what the user chose; :func:`resolve_plan` fills the choices left
+open (``None``) from the input model's manifest (``info.recovery``, written by the method
+that produced it) or from the method's registered default recipe, and records where each
+value came from.
+
+Keys read from ``manifest["info"]["recovery"]`` (all optional; baselines write them):
+``recipe``, ``lr``, ``lora_rank`` (or ``rank``), ``lora_alpha`` (or ``alpha``),
+``lora_dropout`` (or ``dropout``), ``lora_targets`` (or ``targets``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Trainable-set recipes understood by :func:`flexigpt.training.recipes.apply_recipe`.
+RECIPES = ("flexigpt", "lora", "full", "none")
+
+#: Learning rate per recipe when neither the config nor the manifest gives one.
+#: flexigpt/lora: 4e-3, the paper's adapter-only LR (method-flexigpt.md §2);
+#: full: 1e-4, a conventional full fine-tuning LR for a pretrained LM (4e-3 would be
+#: destructive for all weights; the extension control uses it).
+DEFAULT_LR = {"flexigpt": 4e-3, "lora": 4e-3, "full": 1e-4, "none": 0.0}
+#: LoRA rank/alpha when neither config nor manifest gives them (LLM-Pruner's r 8, α 16).
+DEFAULT_LORA_RANK = 8
+DEFAULT_LORA_ALPHA = 16.0
+BF16_MODES = ("auto", "on", "off")
+SCHEDULES = ("cosine", "constant")
+
+
+@dataclass
+class TrainConfig:
+    """Options of one recovery-training run (validated on construction).
+
+    Attributes:
+        tokens: token budget; steps = ceil(tokens / (global_batch · seq_len)).
+        seq_len: tokens per training window (BOS included).
+        micro_batch: windows per forward pass per process.
+        global_batch: windows per optimizer step over all processes; must be a multiple of
+            micro_batch × processes (the quotient is the gradient-accumulation count).
+        lr: peak learning rate; None → manifest ``info.recovery.lr`` → :data:`DEFAULT_LR`.
+        warmup: linear warm-up, a fraction of the steps if < 1 else a step count.
+        weight_decay: AdamW decoupled weight decay (applied to ≥2-D tensors only).
+        grad_clip: max global gradient L2 norm; None disables clipping.
+        schedule: ``cosine`` (warm-up then cosine to ``min_lr_ratio·lr``) or ``constant``.
+        min_lr_ratio: final LR as a fraction of the peak LR (cosine).
+        betas: AdamW betas.
+        bf16: bf16 autocast: ``auto`` (on where the device has native bf16: CUDA with
+            bf16 support, or a CPU with AMX/AVX512-BF16), ``on`` or ``off``. Master
+            weights, optimizer state and the loss stay fp32.
+        compile: ``torch.compile`` the model's forward for training (``nn.Module.compile``;
+            parameter names and saved weights are unchanged).
+        eval_every: held-out perplexity every this many steps (0: only before/after).
+        eval_windows: validation windows (first ones of the file); None → all.
+        checkpoint_every: training checkpoint every this many steps (0: never).
+        keep_checkpoint: keep ``<out>.ckpt/`` after a successful run.
+        seed: seeds data order, LoRA initialisation and per-step RNG (dropout).
+        recipe: trainable set (:data:`RECIPES`); None → manifest ``info.recovery.recipe``
+            → the method's registered ``Method.recovery``.
+        lora_rank, lora_alpha, lora_dropout, lora_targets: the trainer's mergeable LoRA
+            (recipe ``lora``, and ``flexigpt`` with ``lora_other_blocks``); targets are
+            short module names (``q_proj`` ...), None → every linear the architecture
+            adapter names. None values fall back to the manifest, then to defaults.
+        lora_other_blocks: recipe ``flexigpt`` only: also put mergeable LoRA on the
+            unshared linears of blocks that have no replacement adapters.
+    """
+
+    tokens: int = 1_000_000
+    seq_len: int = 512
+    micro_batch: int = 4
+    global_batch: int = 16
+    lr: float | None = None
+    warmup: float = 0.05
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    bf16: str = "auto"
+    compile: bool = False
+    eval_every: int = 0
+    eval_windows: int | None = 64
+    checkpoint_every: int = 50
+    keep_checkpoint: bool = False
+    seed: int = 0
+    recipe: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
+    lora_targets: tuple[str, ...] | None = None
+    lora_other_blocks: bool = False
+
+    def __post_init__(self) -> None:
+        def positive_int(name: str, minimum: int = 1) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+        positive_int("tokens")
+        positive_int("seq_len", 2)
+        positive_int("micro_batch")
+        positive_int("global_batch")
+        positive_int("eval_every", 0)
+        positive_int("checkpoint_every", 0)
+        positive_int("seed", 0)
+        if self.global_batch % self.micro_batch:
+            raise ValueError(f"global_batch ({self.global_batch}) must be a multiple of "
+                             f"micro_batch ({self.micro_batch})")
+        if self.lr is not None and not (_finite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if not _finite(self.warmup) or self.warmup < 0 or (
+                self.warmup >= 1 and float(self.warmup) != int(self.warmup)):
+            raise ValueError(f"warmup must be a fraction in [0, 1) or a whole number of "
+                             f"steps, got {self.warmup!r}")
+        if not _finite(self.weight_decay) or self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.grad_clip is not None and not (_finite(self.grad_clip) and self.grad_clip > 0):
+            raise ValueError(f"grad_clip must be positive or None, got {self.grad_clip!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not _finite(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        self.betas = tuple(self.betas)  # type: ignore[assignment]
+        if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.bf16 not in BF16_MODES:
+            raise ValueError(f"bf16 must be one of {BF16_MODES}, got {self.bf16!r}")
+        if self.eval_windows is not None:
+            positive_int("eval_windows")
+        if self.recipe is not None and self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {RECIPES} or None, got {self.recipe!r}")
+        if self.lora_rank is not None:
+            positive_int("lora_rank")
+        if self.lora_alpha is not None and not (_finite(self.lora_alpha) and self.lora_alpha > 0):
+            raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha!r}")
+        if self.lora_dropout is not None and not (
+                _finite(self.lora_dropout) and 0 <= self.lora_dropout < 1):
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+        if self.lora_targets is not None:
+            self.lora_targets = tuple(self.lora_targets)
+            if not self.lora_targets or not all(isinstance(t, str) and t
+                                                for t in self.lora_targets):
+                raise ValueError(f"lora_targets must be non-empty module names, "
+                                 f"got {self.lora_targets!r}")
+
+    def steps(self) -> int:
+        """Optimizer steps that spend the token budget (rounded up)."""
+        return math.ceil(self.tokens / (self.global_batch * self.seq_len))
+
+    def warmup_steps(self, steps: int) -> int:
+        return round(self.warmup * steps) if self.warmup < 1 else int(self.warmup)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """Resolved choices of a run: the config plus what the manifest/method filled in.
+
+    ``sources`` maps each resolved field to ``config``, ``manifest``, ``method`` or
+    ``default``.
+    """
+
+    recipe: str
+    lr: float
+    lora_rank: int
+    lora_alpha: float
+    lora_dropout: float
+    lora_targets: tuple[str, ...] | None
+    lora_other_blocks: bool
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if out["lora_targets"] is not None:
+            out["lora_targets"] = list(out["lora_targets"])
+        return out
+
+
+def resolve_plan(cfg: TrainConfig, manifest: dict[str, Any]) -> TrainPlan:
+    """Fill the config's open choices from ``manifest`` and the method registry.
+
+    Raises:
+        ValueError: the manifest names an unknown recipe, or ``lora_other_blocks`` is set
+            for a recipe other than ``flexigpt``.
+    """
+    from flexigpt.registry import get_method
+
+    recovery = (manifest.get("info") or {}).get("recovery") or {}
+    sources: dict[str, str] = {}
+
+    def pick(name: str, value: Any, keys: tuple[str, ...], default: Any) -> Any:
+        if value is not None:
+            sources[name] = "config"
+            return value
+        for key in keys:
+            if recovery.get(key) is not None:
+                sources[name] = "manifest"
+                return recovery[key]
+        sources[name] = "default"
+        return default
+
+    recipe = pick("recipe", cfg.recipe, ("recipe",), None)
+    if recipe is None:
+        recipe = get_method(manifest["method"]).recovery
+        sources["recipe"] = "method"
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe {recipe!r} (from the {sources['recipe']}) is not one of "
+                         f"{RECIPES}")
+    if cfg.lora_other_blocks and recipe != "flexigpt":
+        raise ValueError(f"lora_other_blocks applies to recipe 'flexigpt' only, not {recipe!r}")
+    lr = float(pick("lr", cfg.lr, ("lr",), DEFAULT_LR[recipe]))
+    rank = int(pick("lora_rank", cfg.lora_rank, ("lora_rank", "rank"), DEFAULT_LORA_RANK))
+    alpha = float(pick("lora_alpha", cfg.lora_alpha, ("lora_alpha", "alpha"),
+                       DEFAULT_LORA_ALPHA))
+    dropout = float(pick("lora_dropout", cfg.lora_dropout, ("lora_dropout", "dropout"), 0.0))
+    targets = pick("lora_targets", cfg.lora_targets, ("lora_targets", "targets"), None)
+    if rank < 1 or alpha <= 0 or not 0 <= dropout < 1:
+        raise ValueError(f"invalid LoRA settings rank={rank}, alpha={alpha}, "
+                         f"dropout={dropout} (sources {sources})")
+    if recipe != "none" and lr <= 0:
+        raise ValueError(f"recipe {recipe!r} needs a positive lr, got {lr}")
+    return TrainPlan(recipe=recipe, lr=lr, lora_rank=rank, lora_alpha=alpha,
+                     lora_dropout=dropout,
+                     lora_targets=None if targets is None else tuple(targets),
+                     lora_other_blocks=cfg.lora_other_blocks, sources=sources)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

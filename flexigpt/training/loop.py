@@ -1,0 +1,201 @@
+"""The optimisation loop: causal-LM loss, AdamW, warm-up + cosine, accumulation, clipping.
+
+Runs through ``accelerate.Accelerator``: on CPU, one GPU, or several processes started with
+``accelerate launch``. With W processes, the global batch of step s is the sequences
+``[s·G, (s+1)·G)`` of the window stream; process r takes micro-batches ``a·W + r``
+(a = 0 .. accumulation−1), and gradients are synchronised only on the last micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from tqdm.auto import tqdm
+
+from flexigpt.perplexity import perplexity
+from flexigpt.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from flexigpt.training.config import TrainConfig, TrainPlan
+from flexigpt.training.data import WindowStream
+
+log = logging.getLogger(__name__)
+
+#: ``on_step(step, loss)`` is called after each optimizer step (after its checkpoint).
+StepHook = Callable[[int, float], None]
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The loss or gradient norm became NaN/inf; the last good checkpoint is untouched."""
+
+
+@dataclass
+class LoopResult:
+    state: TrainState
+    steps: int
+    resumed_from: int
+    bf16: bool
+    accumulation: int
+    processes: int
+    seconds_this_run: float
+
+
+def bf16_enabled(mode: str, device: torch.device) -> bool:
+    """Resolve ``TrainConfig.bf16`` (auto: native bf16 on CUDA, or CPU AMX/AVX512-BF16)."""
+    if mode != "auto":
+        return mode == "on"
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+        except AttributeError:
+            return False
+    return False
+
+
+def lr_factor(cfg: TrainConfig, steps: int) -> Callable[[int], float]:
+    """LR multiplier of optimizer step ``i`` (0-based): linear warm-up, then cosine."""
+    warm = min(cfg.warmup_steps(steps), steps)
+
+    def factor(i: int) -> float:
+        if i < warm:
+            return (i + 1) / warm
+        if cfg.schedule == "constant":
+            return 1.0
+        t = min(1.0, (i - warm) / max(1, steps - warm - 1))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+    return factor
+
+
+def causal_lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (fp32) of ``logits [B, T, V]`` against ``ids [B, T]``."""
+    pred = logits[:, :-1].float()
+    return F.cross_entropy(pred.reshape(-1, pred.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def _optimizer(model: nn.Module, cfg: TrainConfig, plan: TrainPlan) -> torch.optim.AdamW:
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.ndim >= 2]
+    rest = [p for p in trainable if p.ndim < 2]
+    groups = [g for g in ({"params": decay, "weight_decay": cfg.weight_decay},
+                          {"params": rest, "weight_decay": 0.0}) if g["params"]]
+    return torch.optim.AdamW(groups, lr=plan.lr, betas=cfg.betas, eps=1e-8)
+
+
+def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor | None,
+             cfg: TrainConfig, plan: TrainPlan, ckpt: Path, digest: str,
+             on_step: StepHook | None = None) -> LoopResult:
+    """Train ``model``'s trainable parameters in place for ``cfg.steps()`` steps.
+
+    Resumes from ``ckpt`` when it holds a checkpoint with the same ``digest``. The model is
+    returned unwrapped (``result`` carries the log); it is left in eval mode.
+
+    Raises:
+        TrainingDivergedError: non-finite loss or gradient norm (names the step).
+        ValueError: global_batch not divisible by micro_batch × processes.
+    """
+    from accelerate import Accelerator
+
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    # a multi-process launch on a machine without CUDA means gloo on CPU (accelerate would
+    # otherwise start W independent single-process runs writing the same output)
+    accelerator = Accelerator(cpu=launched > 1 and not torch.cuda.is_available())
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if world != launched:
+        raise RuntimeError(f"launched as {launched} processes but accelerate set up {world}; "
+                           "check the accelerate launch configuration")
+    if cfg.global_batch % (cfg.micro_batch * world):
+        raise ValueError(f"global_batch {cfg.global_batch} is not a multiple of micro_batch "
+                         f"{cfg.micro_batch} × {world} process(es)")
+    accum = cfg.global_batch // (cfg.micro_batch * world)
+    steps = cfg.steps()
+    use_bf16 = bf16_enabled(cfg.bf16, accelerator.device)
+    model.to(accelerator.device)
+    optimizer = _optimizer(model, cfg, plan)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps))
+    state = load_checkpoint(ckpt, model, optimizer, scheduler, digest) or TrainState()
+    resumed_from = state.step
+    if resumed_from:
+        log.info("resuming from %s at step %d/%d", ckpt, resumed_from, steps)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if cfg.compile:
+        model.compile()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    inner = accelerator.unwrap_model(model)
+
+    def evaluate() -> float | None:
+        ppl = None
+        if accelerator.is_main_process and val_windows is not None:
+            ppl = perplexity(inner, val_windows, batch_size=cfg.micro_batch)
+        accelerator.wait_for_everyone()
+        return ppl
+
+    if state.step == 0 and val_windows is not None:
+        state.log.append({"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": evaluate()})
+    autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=use_bf16)
+    bar = tqdm(total=steps, initial=state.step, desc="train",
+               disable=not accelerator.is_local_main_process)
+    run_start = time.perf_counter()
+    model.train()
+    for step in range(state.step + 1, steps + 1):
+        torch.manual_seed((cfg.seed * 1_000_003 + step) * 1_009 + rank)
+        tic = time.perf_counter()
+        total = torch.zeros((), device=accelerator.device)
+        for a in range(accum):
+            ids = stream.sequences(state.position + (a * world + rank) * cfg.micro_batch,
+                                   cfg.micro_batch).to(accelerator.device)
+            sync = accelerator.no_sync(model) if a < accum - 1 else nullcontext()
+            with sync:
+                with autocast:
+                    logits = model(input_ids=ids, use_cache=False).logits
+                loss = causal_lm_loss(logits, ids)
+                accelerator.backward(loss / accum)
+            total += loss.detach()
+        mean_loss = float(accelerator.reduce(total / accum, reduction="mean"))
+        if not math.isfinite(mean_loss):
+            raise TrainingDivergedError(
+                f"non-finite training loss ({mean_loss}) at step {step}; the last good "
+                f"checkpoint (step {state.step}) in {str(ckpt)!r} is left intact")
+        if cfg.grad_clip is not None:
+            norm = float(accelerator.clip_grad_norm_(trainable, cfg.grad_clip))
+            if not math.isfinite(norm):
+                raise TrainingDivergedError(
+                    f"non-finite gradient norm ({norm}) at step {step}; the last good "
+                    f"checkpoint (step {state.step}) in {str(ckpt)!r} is left intact")
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step, state.position = step, state.position + cfg.global_batch
+        state.train_seconds += time.perf_counter() - tic
+        row = {"step": step, "tokens": state.position * cfg.seq_len, "loss": mean_loss,
+               "lr": lr, "ppl": None}
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
+            row["ppl"] = evaluate()
+            model.train()
+        state.log.append(row)
+        bar.update(1)
+        bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < steps:
+            if accelerator.is_main_process:
+                save_checkpoint(ckpt, inner, optimizer, scheduler, state, digest)
+            accelerator.wait_for_everyone()
+        if on_step is not None:
+            on_step(step, mean_loss)
+    bar.close()
+    if cfg.compile:
+        inner._compiled_call_impl = None  # back to eager for the final eval, merge and save
+    inner.eval()
+    return LoopResult(state=state, steps=steps, resumed_from=resumed_from, bf16=use_bf16,
+                      accumulation=accum, processes=world,
+                      seconds_this_run=time.perf_counter() - run_start)

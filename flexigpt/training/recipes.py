@@ -1,0 +1,108 @@
+"""Trainable-set recipes: which parameters recovery training updates.
+
+- ``flexigpt``: the replacement/repeat blocks' adapters (parameters named ``lora_A``,
+  ``lora_B`` of ``SharedLoRALinear`` and ``gamma`` of ``OutputNorm``); everything else is
+  frozen. With ``lora_other_blocks`` the other blocks' unshared linears also get mergeable
+  LoRA (:mod:`flexigpt.training.lora`).
+- ``lora``: mergeable LoRA on the target linears of every decoder block (not embeddings or
+  head, not FlexiGPT's wrappers, not weights shared between modules); the rest frozen.
+- ``full``: every parameter (the extension's control: the base model trained on the same
+  tokens).
+- ``none``: nothing (the model is evaluated and saved unchanged).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import nn
+
+from flexigpt.models.adapters import get_adapter
+from flexigpt.params import count_parameters
+from flexigpt.training.config import TrainPlan
+from flexigpt.training.lora import inject_lora
+
+log = logging.getLogger(__name__)
+
+#: Parameter names (last path component) trained by the ``flexigpt`` recipe.
+FLEXIGPT_PARAMS = ("lora_A", "lora_B", "gamma")
+
+
+@dataclass
+class RecipeReport:
+    """What a recipe did to the model (recorded in the manifest history)."""
+
+    recipe: str
+    trainable_parameters: int
+    trainable_tensors: int
+    frozen_parameters: int
+    lora_injected: list[str] = field(default_factory=list)
+    lora_skipped_shared: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["lora_injected"] = len(self.lora_injected)
+        out["lora_skipped_shared"] = self.lora_skipped_shared
+        return out
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
+    """Freeze ``model`` except the recipe's trainable set (injecting LoRA where needed).
+
+    Raises:
+        ValueError: the recipe finds nothing to train (e.g. ``flexigpt`` on a model without
+            replacement adapters, or ``lora`` on a model whose linears are all shared).
+    """
+    adapter = get_adapter(model)
+    model.requires_grad_(False)
+    injected: list[str] = []
+    skipped: list[str] = []
+    targets = plan.lora_targets or tuple(dict.fromkeys(adapter.attn_linears
+                                                       + adapter.mlp_linears))
+    blocks = [(f"{adapter.layers_path}.{i}", b) for i, b in enumerate(adapter.layers(model))]
+
+    if plan.recipe == "full":
+        model.requires_grad_(True)
+    elif plan.recipe == "lora":
+        injected, skipped = inject_lora(model, blocks, targets, plan.lora_rank,
+                                        plan.lora_alpha, plan.lora_dropout)
+        if not injected:
+            raise ValueError(f"recipe 'lora' found no unshared nn.Linear named {targets} in "
+                             "the decoder blocks")
+        for name in injected:
+            for p in model.get_submodule(name).parameters(recurse=False):
+                p.requires_grad_(True)
+    elif plan.recipe == "flexigpt":
+        own = [n for n, _ in model.named_parameters() if _leaf(n) in FLEXIGPT_PARAMS]
+        if not own:
+            raise ValueError("recipe 'flexigpt' found no parameters named "
+                             f"{FLEXIGPT_PARAMS} (no replacement/repeat blocks in this model)")
+        if plan.lora_other_blocks:
+            others = [(p, b) for p, b in blocks
+                      if not any(_leaf(n) in FLEXIGPT_PARAMS for n, _ in b.named_parameters())]
+            injected, skipped = inject_lora(model, others, targets, plan.lora_rank,
+                                            plan.lora_alpha, plan.lora_dropout)
+        for name, p in model.named_parameters():
+            if _leaf(name) in FLEXIGPT_PARAMS:
+                p.requires_grad_(True)
+    elif plan.recipe != "none":
+        raise ValueError(f"unknown recipe {plan.recipe!r}")
+
+    if skipped:
+        log.info("recipe %s: %d linear(s) share their weight with another module and get "
+                 "no mergeable LoRA (e.g. %s)", plan.recipe, len(skipped), skipped[0])
+    trainable = count_parameters(model, trainable_only=True)
+    report = RecipeReport(
+        recipe=plan.recipe, trainable_parameters=trainable,
+        trainable_tensors=sum(1 for p in model.parameters() if p.requires_grad),
+        frozen_parameters=count_parameters(model) - trainable,
+        lora_injected=injected, lora_skipped_shared=skipped)
+    log.info("recipe %s: %s trainable / %s frozen parameters, %d LoRA module(s) injected",
+             plan.recipe, f"{trainable:,}", f"{report.frozen_parameters:,}", len(injected))
+    return report

@@ -1,0 +1,149 @@
+"""Entry points: train a saved model and save it again with its history extended."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flexigpt.artifacts import LoadedModel, atomic_directory, load_compressed, manifest_hash
+from flexigpt.artifacts import save_compressed
+from flexigpt.calibration import token_windows
+from flexigpt.params import count_parameters
+from flexigpt.perplexity import perplexity
+from flexigpt.provenance import code_version, provenance, setup_run
+from flexigpt.training.checkpoint import TrainState, checkpoint_dir, fingerprint
+from flexigpt.training.checkpoint import remove_checkpoint
+from flexigpt.training.config import TrainConfig, resolve_plan
+from flexigpt.training.data import WindowStream
+from flexigpt.training.lora import merge_lora
+from flexigpt.training.loop import StepHook, run_loop
+from flexigpt.training.outputs import log_csv, plot_loss_curve
+from flexigpt.training.recipes import apply_recipe
+
+log = logging.getLogger(__name__)
+
+#: Config fields that do not change the trajectory (excluded from the resume fingerprint).
+_NOT_TRAJECTORY = ("eval_every", "eval_windows", "checkpoint_every", "keep_checkpoint")
+LOG_FILE = "train_log.csv"
+CURVE_FILE = "loss_curve.png"
+
+
+def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainConfig,
+                text: str | os.PathLike, validation: str | os.PathLike | None = None,
+                on_step: StepHook | None = None) -> dict[str, Any]:
+    """Load ``model_dir`` (any method's output, or a plain HF checkpoint = method ``dense``),
+    train it per ``cfg`` on ``text`` and save it to ``out_dir``.
+
+    Returns:
+        The manifest written to ``out_dir/manifest.json`` (input manifest + a ``history``
+        entry). ``out_dir`` also holds ``train_log.csv`` and ``loss_curve.png``.
+    """
+    loaded = load_compressed(model_dir)
+    source = {"model": str(Path(model_dir).resolve()),
+              "manifest_hash": manifest_hash(loaded.manifest) if loaded.manifest else None}
+    return train_loaded(loaded, out_dir, cfg, text, validation, source, on_step)
+
+
+def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConfig,
+                 text: str | os.PathLike, validation: str | os.PathLike | None = None,
+                 source: dict[str, Any] | None = None,
+                 on_step: StepHook | None = None) -> dict[str, Any]:
+    """:func:`train_model` for a model already in memory (trained in place).
+
+    ``source`` identifies the input model in the resume fingerprint; a checkpoint in
+    ``<out>.ckpt/`` written with the same settings is resumed exactly.
+    """
+    wall = time.perf_counter()
+    model, tokenizer = loaded.model, loaded.tokenizer
+    manifest = loaded.manifest or dense_manifest(model, (source or {}).get("model"), cfg.seed)
+    plan = resolve_plan(cfg, manifest)
+    setup_run(cfg.seed)
+    report = apply_recipe(model, plan)
+    stream = WindowStream(token_windows(text, tokenizer, cfg.seq_len), cfg.seed)
+    val = None
+    if validation is not None:
+        val = token_windows(validation, tokenizer, cfg.seq_len)[: cfg.eval_windows]
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_TRAJECTORY}
+    digest = fingerprint({"config": settings, "plan": plan.to_dict(), "source": source,
+                          "text": [str(text), Path(text).stat().st_size],
+                          "lora": report.lora_injected})
+    ckpt = checkpoint_dir(out_dir)
+    log.info("training %s (%s) with recipe %s for %d steps (%d tokens/step), lr %.3g",
+             manifest["method"], (source or {}).get("model"), plan.recipe, cfg.steps(),
+             cfg.global_batch * cfg.seq_len, plan.lr)
+
+    result = None
+    if plan.recipe == "none":
+        state = TrainState(log=[{"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": None}])
+    else:
+        result = run_loop(model, stream, val, cfg, plan, ckpt, digest, on_step)
+        state = result.state
+    model.eval()
+    merged = merge_lora(model)
+    main = _is_main_process()  # with several processes only the main one evaluates and saves
+    final_ppl = None
+    if val is not None and main:
+        final_ppl = perplexity(model, val, batch_size=cfg.micro_batch)
+    state.log[-1]["ppl"] = final_ppl
+    before = state.log[0]["ppl"] if state.log[0]["step"] == 0 else None
+    tokens = state.position * cfg.seq_len
+    entry = {
+        "stage": "train", "recipe": plan.recipe, "plan": plan.to_dict(), "config": cfg.to_dict(),
+        "trainable": report.to_dict(), "lora_merged": merged,
+        "parameters_after": count_parameters(model),
+        "text": str(text), "validation": None if validation is None else str(validation),
+        "eval_windows": None if val is None else int(val.shape[0]),
+        "token_budget": cfg.tokens, "tokens": tokens, "steps": state.step,
+        "epochs": round(stream.epochs(state.position), 4),
+        "ppl_before": before, "final_ppl": final_ppl,
+        "train_seconds": round(state.train_seconds, 3),
+        "wall_seconds": round(time.perf_counter() - wall, 3),
+        "tokens_per_second": round(tokens / state.train_seconds, 2) if state.train_seconds else None,
+        "bf16": None if result is None else result.bf16,
+        "accumulation": None if result is None else result.accumulation,
+        "processes": None if result is None else result.processes,
+        "resumed_from_step": None if result is None else result.resumed_from,
+        "log": LOG_FILE, "curve": CURVE_FILE, "code_version": code_version(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    out_manifest = {**manifest, "history": [*manifest.get("history", []), entry]}
+    if main:
+        out_manifest = _save(model, tokenizer, out_manifest, state.log, out_dir,
+                             title=f"{manifest['method']} · recipe {plan.recipe}")
+        if not cfg.keep_checkpoint:
+            remove_checkpoint(ckpt)
+    log.info("trained %d steps, %d tokens in %.1fs; held-out ppl %s -> %s",
+             state.step, tokens, state.train_seconds, before, final_ppl)
+    return out_manifest
+
+
+def dense_manifest(model: torch.nn.Module, base: str | None, seed: int) -> dict[str, Any]:
+    """Manifest for a plain HF checkpoint: the ``dense`` method, nothing removed."""
+    n = count_parameters(model)
+    return {"method": "dense", "config": {}, "base_model": base, "structure": {}, "info": {},
+            "parameters": {"dense": n, "compressed": n, "achieved_ratio": 0.0},
+            "calibration": None, "seed": seed, "dtype": "float32",
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "history": [], **provenance()}
+
+
+def _save(model: torch.nn.Module, tokenizer: Any, manifest: dict[str, Any],
+          rows: list[dict[str, Any]], out_dir: str | os.PathLike, title: str) -> dict[str, Any]:
+    """Model + manifest + log + curve, all appearing at ``out_dir`` together."""
+    with atomic_directory(out_dir) as staged:
+        saved = save_compressed(model, tokenizer, manifest, staged)
+        (staged / LOG_FILE).write_text(log_csv(rows))
+        plot_loss_curve(rows, staged / CURVE_FILE, title=title)
+    return saved
+
+
+def _is_main_process() -> bool:
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
