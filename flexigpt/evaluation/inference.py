@@ -1,0 +1,127 @@
+"""Inference cost of several models on the same input, in one process (paper Tables 6/7).
+
+Protocol: one fixed random batch ``[batch, seq_len]`` of token ids; every model runs
+``warmup`` untimed forward passes, then ``repeats`` rounds in which the models take turns
+(interleaved, so drifting machine load hits all of them alike); the median round time is
+reported. Relative time/throughput are fractions of the first model's (the dense model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def measure_inference(models: dict[str, nn.Module], batch: int, seq_len: int,
+                      repeats: int = 5, warmup: int = 1, seed: int = 0) -> list[dict[str, Any]]:
+    """Median forward time of each model on the same ``[batch, seq_len]`` input.
+
+    Args:
+        models: name → causal LM (the first is the reference, normally dense). All must
+            accept ``input_ids`` of their shared vocabulary.
+        batch, seq_len: input shape.
+        repeats: timed rounds (median taken); warmup: untimed passes per model first.
+
+    Returns:
+        One row per model, in order: ``name, seconds, seconds_all, tokens_per_s,
+        relative_time, relative_throughput``.
+    """
+    if not models:
+        raise ValueError("measure_inference needs at least one model")
+    for name, value in (("batch", batch), ("seq_len", seq_len), ("repeats", repeats)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    vocab = min(int(m.config.vocab_size) for m in models.values())
+    ids = torch.randint(vocab, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
+    for m in models.values():
+        m.eval()
+        dev = next(m.parameters()).device
+        for _ in range(warmup):
+            m(input_ids=ids.to(dev), use_cache=False)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, m in models.items():
+            dev = next(m.parameters()).device
+            x = ids.to(dev)
+            _sync(dev)
+            start = time.perf_counter()
+            m(input_ids=x, use_cache=False)
+            _sync(dev)
+            times[name].append(time.perf_counter() - start)
+    rows, ref = [], None
+    for name, ts in times.items():
+        seconds = statistics.median(ts)
+        ref = ref if ref is not None else seconds
+        rows.append({"name": name, "seconds": seconds, "seconds_all": ts,
+                     "tokens_per_s": batch * seq_len / seconds,
+                     "relative_time": seconds / ref, "relative_throughput": ref / seconds})
+        log.info("%s: %.4f s/forward (relative time %.3f)", name, seconds, seconds / ref)
+    return rows
+
+
+def _parse_name(name: str) -> dict[str, Any]:
+    """``method/variant/setting`` (the DAG's naming) → method, variant, ratio."""
+    parts = name.split("/", 2)
+    method = parts[0]
+    variant = parts[1] if len(parts) > 1 else "default"
+    setting = parts[2] if len(parts) > 2 else ""
+    ratio = None
+    if setting.startswith("r"):
+        try:
+            ratio = float(setting[1:])
+        except ValueError:
+            ratio = None
+    return {"method": method, "variant": variant, "setting": setting, "ratio": ratio}
+
+
+def run_inference_cost(inputs: dict[str, str | os.PathLike], out_json: str | os.PathLike,
+                       batch: int = 4, seq_len: int = 256, repeats: int = 5,
+                       model: str | None = None, dtype: str = "float32",
+                       device: str = "cpu", warmup: int = 1) -> dict[str, Any]:
+    """Load each saved model, time them together, write the timing JSON atomically.
+
+    Args:
+        inputs: ``"method/variant/setting"`` → model dir, reference (dense) first.
+        model: model key recorded in the JSON (default: the parent folder of ``out_json``).
+
+    Output: ``{"schema": 1, "model", "batch", "seq_len", "repeats", "rows": [{name,
+    method, variant, setting, ratio, model_dir, parameters, num_layers, seconds,
+    tokens_per_s, relative_time, relative_throughput}], "device", "threads",
+    "provenance", "created"}``.
+    """
+    from flexigpt.artifacts import atomic_write_text, load_compressed
+    from flexigpt.params import count_parameters
+    from flexigpt.provenance import provenance
+
+    models, meta = {}, {}
+    for name, path in inputs.items():
+        loaded = load_compressed(path, dtype=dtype, device=device)
+        models[name] = loaded.model
+        meta[name] = {**_parse_name(name), "model_dir": str(path),
+                      "parameters": count_parameters(loaded.model),
+                      "num_layers": int(loaded.model.config.num_hidden_layers)}
+    rows = measure_inference(models, batch, seq_len, repeats, warmup)
+    out = {"schema": 1, "model": model or Path(out_json).parent.name, "batch": batch,
+           "seq_len": seq_len, "repeats": repeats, "dtype": dtype,
+           "rows": [{**meta[r["name"]], **r} for r in rows], "device": device,
+           "threads": torch.get_num_threads(), "provenance": provenance(),
+           "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    atomic_write_text(out_json, json.dumps(out, indent=2) + "\n")
+    return out

@@ -1,0 +1,210 @@
+"""``FastHFLM``: lm-eval's ``HFLM`` with an exact, faster ``loglikelihood``.
+
+Stock ``HFLM`` runs every (context, continuation) pair as its own sequence and computes the
+full-vocabulary log-softmax at every position of the padded batch. ``FastHFLM`` keeps lm-eval's
+tokenisation untouched (``TemplateLM._encode_pair``: trailing context spaces move to the
+continuation; ``add_bos_token``; left truncation to ``max_length + 1`` tokens) and changes only
+how the token-level requests are computed:
+
+* requests sharing a prefix are packed into one prefix tree (``packing.py``) and the shared
+  tokens run once, with an ancestor-only attention mask and per-node position ids;
+* rows are batched by token count (``row_tokens`` per row, ``batch_tokens`` per forward);
+* the LM head runs only at scored positions (``logits_to_keep`` with a boolean mask);
+* optional bf16 autocast (default fp32); log-softmax is always taken in fp32.
+
+Results equal stock ``HFLM`` up to float rounding (|Δ logprob| ≲ 1e-5 in fp32), with the same
+``is_greedy``; results come back in request order and go to ``cache_hook``. On its first call
+the scorer checks ``verify`` requests against the stock path and, if a model ignores the
+custom mask or position ids, falls back to the stock path (``fallback_reason`` says why).
+``loglikelihood_rolling`` and ``generate_until`` are stock.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from tqdm.auto import tqdm
+
+from flexigpt.evaluation.packing import batch_rows, collate, pack_requests
+
+log = logging.getLogger(__name__)
+
+#: lm-eval's token-level request: ((context, continuation) | None, context ids, continuation ids)
+TokenRequest = tuple[Any, list[int], list[int]]
+
+
+@register_model("flexigpt-fast")
+class FastHFLM(HFLM):
+    """Drop-in ``HFLM`` (same constructor) with prefix-shared, head-sparse scoring.
+
+    Extra args:
+        row_tokens: node budget of one packed prefix-tree row.
+        batch_tokens: ``rows × longest row`` budget of one forward pass.
+        autocast_dtype: ``None`` (fp32, default) or ``"bfloat16"``/a torch dtype for autocast.
+        verify: how many requests the first call checks against stock ``HFLM`` (0: none).
+        verify_tol: allowed |Δ logprob| in that check (run in fp32).
+    """
+
+    def __init__(self, *args: Any, row_tokens: int = 512, batch_tokens: int = 2048,
+                 autocast_dtype: str | torch.dtype | None = None, verify: int = 8,
+                 verify_tol: float = 1e-3, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if row_tokens < 1 or batch_tokens < 1:
+            raise ValueError(f"row_tokens and batch_tokens must be positive, got "
+                             f"{row_tokens} and {batch_tokens}")
+        if isinstance(autocast_dtype, str):
+            autocast_dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                              "float16": torch.float16, "fp16": torch.float16}.get(
+                autocast_dtype, autocast_dtype)
+            if isinstance(autocast_dtype, str):
+                raise ValueError(f"autocast_dtype must be bfloat16 or float16, got "
+                                 f"{autocast_dtype!r}")
+        self.row_tokens, self.batch_tokens = int(row_tokens), int(batch_tokens)
+        # lm-eval's own mixed_precision_dtype argument means the same thing
+        self.autocast_dtype: torch.dtype | None = autocast_dtype or self.mixed_precision_dtype
+        self.verify, self.verify_tol = int(verify), float(verify_tol)
+        self.fallback_reason: str | None = None
+        self._verified = False
+        self._in_loglikelihood = False
+        params = inspect.signature(self.model.forward).parameters
+        self._keep_kwarg = "logits_to_keep" in params
+
+    # ---- public API --------------------------------------------------------------------
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False,
+                      ) -> list[tuple[float, bool]]:
+        """Stock tokenisation, then the fast path for the token-level requests."""
+        self._in_loglikelihood = True
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._in_loglikelihood = False
+
+    def fast_config(self) -> dict[str, Any]:
+        """The scorer's settings, for result provenance."""
+        return {"row_tokens": self.row_tokens, "batch_tokens": self.batch_tokens,
+                "autocast_dtype": str(self.autocast_dtype).replace("torch.", "")
+                if self.autocast_dtype else None,
+                "head_only_at_scored": self._keep_kwarg, "verify": self.verify,
+                "fallback_reason": self.fallback_reason}
+
+    # ---- dispatch ----------------------------------------------------------------------
+    def _loglikelihood_tokens(self, requests: list[TokenRequest], disable_tqdm: bool = False,
+                              override_bs: int | None = None) -> list[tuple[float, bool]]:
+        if not self._in_loglikelihood or self.backend != "causal" or not requests:
+            return super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)
+        if self.verify and not self._verified:
+            self._self_check(requests)
+        if self.fallback_reason is not None:
+            return super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)
+        return self._fast_tokens(requests, disable_tqdm)
+
+    def _self_check(self, requests: list[TokenRequest]) -> None:
+        """Compare the first ``verify`` requests with the stock path (fp32, no cache)."""
+        self._verified = True
+        sample = [(None, ctx, cont) for _, ctx, cont in requests[: self.verify]]
+        autocast, self.autocast_dtype = self.autocast_dtype, None
+        try:
+            ours = self._fast_tokens(sample, disable_tqdm=True)
+        except (RuntimeError, TypeError, ValueError, IndexError) as err:
+            self.fallback_reason = f"the packed forward failed: {type(err).__name__}: {err}"
+            log.warning("FastHFLM: %s; using stock HFLM scoring", self.fallback_reason)
+            return
+        finally:
+            self.autocast_dtype = autocast
+        stock = super()._loglikelihood_tokens(sample, disable_tqdm=True)
+        worst = max(abs(a[0] - b[0]) for a, b in zip(ours, stock, strict=True))
+        if worst > self.verify_tol or any(a[1] != b[1] for a, b in zip(ours, stock)):
+            self.fallback_reason = (f"self-check failed (max |Δ logprob| {worst:.3g} > "
+                                    f"{self.verify_tol:g} or is_greedy differs); the model "
+                                    "probably ignores custom 4D masks / position_ids")
+            log.warning("FastHFLM: %s; using stock HFLM scoring", self.fallback_reason)
+
+    # ---- the fast path -----------------------------------------------------------------
+    def _fast_tokens(self, requests: list[TokenRequest], disable_tqdm: bool,
+                     ) -> list[tuple[float, bool]]:
+        seqs = []
+        for i, (_, ctx, cont) in enumerate(requests):
+            if not ctx or not cont or len(cont) > self.max_length:
+                raise ValueError(f"request {i}: context ({len(ctx)} tokens) and continuation "
+                                 f"({len(cont)} tokens, max {self.max_length}) must be non-empty")
+            whole = (ctx + cont)[-(self.max_length + 1):]
+            seqs.append((whole[:-1], len(cont), cont))
+        batches = batch_rows(pack_requests(seqs, self.row_tokens), self.batch_tokens)
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        pbar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0,
+                    desc="Running loglikelihood requests (fast)")
+        for rows in batches:
+            for index, answer in self._score_batch(rows):
+                results[index] = answer
+                request_str = requests[index][0]
+                if request_str is not None:
+                    self.cache_hook.add_partial("loglikelihood", request_str, answer)
+                pbar.update(1)
+        pbar.close()
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    def _score_batch(self, rows: list[Any]) -> list[tuple[int, tuple[float, bool]]]:
+        """Score every request of ``rows`` with one forward pass."""
+        param = next(self.model.parameters())
+        mask_dtype = self.autocast_dtype or param.dtype
+        pad_id = self.tokenizer.pad_token_id
+        ids, pos, mask = collate(rows, 0 if pad_id is None else pad_id, mask_dtype)
+        keep = torch.zeros(ids.shape, dtype=torch.bool)
+        for b, row in enumerate(rows):
+            for s in row.scored:
+                keep[b, s.nodes] = True
+        logits = self._packed_logits(ids, pos, mask, keep)  # [n_keep, V]
+        slot = torch.full(ids.shape, -1, dtype=torch.long)
+        slot[keep] = torch.arange(int(keep.sum()))
+        sel, tgt, owner, index = [], [], [], []
+        for b, row in enumerate(rows):
+            for s in row.scored:
+                sel.extend(slot[b, s.nodes].tolist())
+                tgt.extend(s.targets)
+                owner.extend([len(index)] * len(s.targets))
+                index.append(s.request)
+        sel_t = torch.tensor(sel, device=logits.device)
+        tgt_t = torch.tensor(tgt, device=logits.device)
+        owner_t = torch.tensor(owner, device=logits.device)
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        tok_lp = logprobs[sel_t, tgt_t]
+        greedy = logits.argmax(dim=-1)[sel_t] == tgt_t
+        total = torch.zeros(len(index), dtype=torch.float64, device=logits.device)
+        total.index_add_(0, owner_t, tok_lp.double())
+        misses = torch.zeros(len(index), dtype=torch.long, device=logits.device)
+        misses.index_add_(0, owner_t, (~greedy).long())
+        return [(i, (float(t), bool(m == 0)))
+                for i, t, m in zip(index, total.tolist(), misses.tolist(), strict=True)]
+
+    @torch.no_grad()
+    def _packed_logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+                       keep: torch.Tensor) -> torch.Tensor:
+        """Logits ``[n_keep, V]`` at the ``keep [B, T]`` positions (row-major order)."""
+        dev = self.device
+        kwargs: dict[str, Any] = {"input_ids": ids.to(dev), "position_ids": pos.to(dev),
+                                  "attention_mask": mask.to(dev), "use_cache": False}
+        n_keep = int(keep.sum())
+        with torch.autocast(device_type=torch.device(dev).type, dtype=self.autocast_dtype,
+                            enabled=self.autocast_dtype is not None):
+            if self._keep_kwarg:
+                try:
+                    logits = self.model(**kwargs, logits_to_keep=keep.to(dev)).logits
+                    if logits.ndim == 2 and logits.shape[0] == n_keep:
+                        return logits
+                except (IndexError, RuntimeError, TypeError, ValueError) as err:
+                    log.debug("boolean logits_to_keep unsupported: %s", err)
+                log.info("FastHFLM: the model does not take a boolean logits_to_keep; "
+                         "computing the LM head at every position")
+                self._keep_kwarg = False
+            logits = self.model(**kwargs).logits
+        if logits.ndim != 3 or tuple(logits.shape[:2]) != tuple(ids.shape):
+            raise RuntimeError(f"model returned logits of shape {tuple(logits.shape)} for "
+                               f"input {tuple(ids.shape)}")
+        return logits[keep.to(logits.device)]

@@ -1,0 +1,154 @@
+"""Prefix-tree packing of loglikelihood requests (the fast scorer's data layout).
+
+Every request is a token sequence ``inp`` (what a causal LM reads) plus the positions whose
+next-token prediction is scored. Requests that share a prefix (the choices of one
+multiple-choice question share their context; WinoGrande's two sentences share everything up
+to the blank) are inserted into one token trie, so every shared token is run through the model
+once. A trie is flattened into a *row*: node ``i`` sits at position id ``depth(i)`` and attends
+to exactly its ancestors and itself, which reproduces, token for token, the causal attention
+each request would see in its own unpadded sequence.
+
+Shapes: a row holds ``n`` nodes; its mask is ``[n, n]`` (numpy bool, True = may attend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Scored:
+    """One request inside a packed row.
+
+    Attributes:
+        request: index of the request in the caller's list.
+        nodes: row positions whose logits predict ``targets`` (same length).
+        targets: the continuation tokens.
+    """
+
+    request: int
+    nodes: list[int]
+    targets: list[int]
+
+
+@dataclass
+class PackedRow:
+    """A token trie flattened into one sequence (parents always precede children)."""
+
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    paths: list[list[int]] = field(default_factory=list)
+    scored: list[Scored] = field(default_factory=list)
+    _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def new_nodes(self, inp: list[int]) -> int:
+        """How many nodes inserting ``inp`` would add."""
+        parent = -1
+        for depth, tok in enumerate(inp):
+            node = self._children.get((parent, tok))
+            if node is None:
+                return len(inp) - depth
+            parent = node
+        return 0
+
+    def insert(self, request: int, inp: list[int], n_scored: int, targets: list[int]) -> None:
+        """Insert ``inp`` and score the logits at its last ``n_scored`` positions."""
+        if not 0 < n_scored <= len(inp) or len(targets) != n_scored:
+            raise ValueError(f"request {request}: cannot score {n_scored} of {len(inp)} "
+                             f"positions with {len(targets)} targets")
+        parent, path = -1, []
+        for depth, tok in enumerate(inp):
+            node = self._children.get((parent, tok))
+            if node is None:
+                node = len(self.tokens)
+                self._children[(parent, tok)] = node
+                self.tokens.append(tok)
+                self.positions.append(depth)
+            path.append(node)
+            parent = node
+        self.paths.append(path)
+        self.scored.append(Scored(request, path[len(inp) - n_scored:], list(targets)))
+
+    def mask(self) -> np.ndarray:
+        """``[n, n]`` bool: node i may attend node j iff j is i or an ancestor of i."""
+        n = len(self.tokens)
+        allowed = np.zeros((n, n), dtype=bool)
+        longest = max((len(p) for p in self.paths), default=0)
+        tril = np.tri(longest, dtype=bool)
+        for path in self.paths:
+            idx = np.asarray(path)
+            allowed[np.ix_(idx, idx)] |= tril[: len(path), : len(path)]
+        return allowed
+
+
+def pack_requests(seqs: list[tuple[list[int], int, list[int]]],
+                  row_tokens: int) -> list[PackedRow]:
+    """Pack requests into prefix-tree rows of at most ``row_tokens`` nodes.
+
+    Args:
+        seqs: per request ``(inp, n_scored, targets)``: the model input, how many of its
+            last positions are scored, and the tokens they must predict.
+        row_tokens: node budget per row; a request longer than it gets a row of its own.
+
+    Returns:
+        Rows covering every request exactly once. Requests are visited in lexicographic
+        token order so that requests sharing a prefix land in the same row.
+    """
+    if row_tokens < 1:
+        raise ValueError(f"row_tokens must be positive, got {row_tokens}")
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i][0])
+    rows: list[PackedRow] = []
+    row = PackedRow()
+    for i in order:
+        inp, n_scored, targets = seqs[i]
+        if len(row) and len(row) + row.new_nodes(inp) > row_tokens:
+            rows.append(row)
+            row = PackedRow()
+        row.insert(i, inp, n_scored, targets)
+    if len(row):
+        rows.append(row)
+    return rows
+
+
+def batch_rows(rows: list[PackedRow], batch_tokens: int) -> list[list[PackedRow]]:
+    """Group rows (longest first) so that ``n_rows × longest row ≤ batch_tokens``.
+
+    A row longer than ``batch_tokens`` forms a batch of its own.
+    """
+    rows = sorted(rows, key=len, reverse=True)
+    batches: list[list[PackedRow]] = []
+    for row in rows:
+        if batches and len(batches[-1][0]) * (len(batches[-1]) + 1) <= batch_tokens:
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+    return batches
+
+
+def collate(rows: list[PackedRow], pad_id: int, dtype: torch.dtype,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad rows into model inputs.
+
+    Returns:
+        ``input_ids [B, T]``, ``position_ids [B, T]`` and an additive attention mask
+        ``[B, 1, T, T]`` of ``dtype`` (0 where allowed, the dtype's minimum elsewhere).
+        Padding positions attend only to themselves (no fully masked softmax rows).
+    """
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    pos = np.zeros((len(rows), width), dtype=np.int64)
+    allowed = np.broadcast_to(np.eye(width, dtype=bool), (len(rows), width, width)).copy()
+    for b, row in enumerate(rows):
+        n = len(row)
+        ids[b, :n] = row.tokens
+        pos[b, :n] = row.positions
+        allowed[b, :n, :n] = row.mask()
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(dtype).min)
+    return torch.from_numpy(ids), torch.from_numpy(pos), mask[:, None]

@@ -1,0 +1,120 @@
+"""Zero-shot multiple-choice evaluation of an in-memory model through ``lm_eval.simple_evaluate``.
+
+Pinned protocol (recorded in every result): ``num_fewshot=0``, an explicit ``add_bos_token``
+(default False: no BOS, as lm-eval ≤ 0.4.1 used by SliceGPT/FlexiGPT), a fixed batch size,
+fixed lm-eval seeds, ``limit`` = first N docs or the full split. Each task runs in its own
+``simple_evaluate`` call so its wall time is measured separately.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from torch import nn
+
+from flexigpt.evaluation.tasks import TaskSpec, build_task, task_manager
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("fast", "hf")
+SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234,
+         "fewshot_random_seed": 1234}
+
+
+def make_lm(model: nn.Module, tokenizer: Any, backend: str = "fast", batch_size: int = 16,
+            add_bos_token: bool = False, max_length: int | None = None,
+            autocast_dtype: str | None = None, **fast_kwargs: Any) -> Any:
+    """An lm-eval LM around an in-memory causal LM.
+
+    Args:
+        backend: ``"fast"`` (:class:`FastHFLM`, exact prefix-shared scoring) or ``"hf"``
+            (stock ``HFLM``).
+        batch_size: stock ``HFLM`` batch size (also used by the fast backend's fallbacks).
+        add_bos_token: passed explicitly to lm-eval (never the tokenizer default).
+        autocast_dtype: fast backend only: ``None`` (fp32) or ``"bfloat16"``.
+    """
+    from lm_eval.models.huggingface import HFLM
+
+    from flexigpt.evaluation.lm import FastHFLM
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if backend == "hf" and (autocast_dtype or fast_kwargs):
+        raise ValueError("autocast_dtype / fast-scorer options need backend='fast'")
+    common = {"pretrained": model, "tokenizer": tokenizer, "backend": "causal",
+              "batch_size": batch_size, "add_bos_token": add_bos_token,
+              "max_length": max_length, "logits_cache": True}
+    if backend == "hf":
+        return HFLM(**common)
+    return FastHFLM(**common, autocast_dtype=autocast_dtype, **fast_kwargs)
+
+
+def lm_config(lm: Any) -> dict[str, Any]:
+    """Settings of an lm-eval LM that change numbers (for the result JSON)."""
+    tok = lm.tokenizer
+    probe = lm.tok_encode("a")
+    cfg = {"class": type(lm).__name__, "add_bos_token": lm.add_bos_token,
+           "bos_prepended": tok.bos_token_id is not None and bool(probe)
+           and probe[0] == tok.bos_token_id,
+           "max_length": int(lm.max_length), "batch_size": lm.batch_size,
+           "dtype": str(next(lm.model.parameters()).dtype).replace("torch.", ""),
+           "device": str(lm.device), "seeds": dict(SEEDS)}
+    if hasattr(lm, "fast_config"):
+        cfg["fast"] = lm.fast_config()
+    return cfg
+
+
+def _metrics(raw: dict[str, Any]) -> dict[str, float | None]:
+    """lm-eval's ``{"acc,none": x, "alias": ...}`` → ``{"acc": x}`` (other filters keep a
+    ``,<filter>`` suffix); "N/A" stderr becomes None."""
+    out: dict[str, float | None] = {}
+    for key, value in raw.items():
+        if key == "alias" or "," not in key:
+            continue
+        metric, _, filt = key.partition(",")
+        name = metric if filt == "none" else key
+        out[name] = float(value) if isinstance(value, (int, float)) else None
+    return out
+
+
+def run_task(lm: Any, spec: TaskSpec, limit: int | None) -> dict[str, Any]:
+    """Evaluate one task; returns the result JSON's ``tasks.<name>`` entry.
+
+    Raises:
+        FloatingPointError: the headline metric is missing or not finite.
+    """
+    import lm_eval
+
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                              or limit < 1):
+        raise ValueError(f"limit must be a positive int or None, got {limit!r}")
+    start = time.perf_counter()
+    task = build_task(spec)
+    out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=0, limit=limit,
+                                  log_samples=False, batch_size=lm.batch_size,
+                                  task_manager=task_manager(), **SEEDS)
+    seconds = time.perf_counter() - start
+    raw = out["results"][spec.name]
+    metrics = _metrics(raw)
+    value, stderr = metrics.get(spec.metric), metrics.get(f"{spec.metric}_stderr")
+    if value is None or not math.isfinite(value):
+        raise FloatingPointError(f"{spec.name}: metric {spec.metric!r} is missing or not "
+                                 f"finite in lm-eval's output {raw}")
+    n_docs = int(out["n-samples"][spec.name]["effective"])
+    log.info("%s: %s = %.4f ± %.4f (%d docs, %.1f s)", spec.name, spec.metric, value,
+             stderr or float("nan"), n_docs, seconds)
+    return {"metric": spec.metric, "value": value, "stderr": stderr, "metrics": metrics,
+            "n_docs": n_docs, "n_docs_split": int(out["n-samples"][spec.name]["original"]),
+            "limit": limit, "version": out["versions"].get(spec.name), "source": spec.source,
+            "split": spec.split, "data_sha256": spec.data_sha256(),
+            "seconds": round(seconds, 3)}
+
+
+def run_tasks(lm: Any, specs: list[TaskSpec], limit: int | None) -> dict[str, dict[str, Any]]:
+    """:func:`run_task` for each spec, in order."""
+    return {spec.name: run_task(lm, spec, limit) for spec in specs}

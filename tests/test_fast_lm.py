@@ -1,0 +1,219 @@
+"""FastHFLM (prefix-shared exact scoring) against stock lm-eval HFLM."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import WORDS, make_model, make_tokenizer
+from flexigpt.evaluation.packing import batch_rows, collate, pack_requests
+
+pytest.importorskip("lm_eval")
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
+
+from flexigpt.evaluation.lm import FastHFLM  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class Recorder:
+    """Stands in for lm-eval's CacheHook."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object, object]] = []
+
+    def add_partial(self, kind: str, key: object, value: object) -> None:
+        self.calls.append((kind, key, value))
+
+
+def greedy_words(model, tok, context: str, n: int) -> str:
+    """The model's greedy continuation of ``context`` (n tokens), decoded."""
+    ids = tok(context, add_special_tokens=False)["input_ids"]
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = int(model(torch.tensor([ids + out])).logits[0, -1].argmax())
+            out.append(nxt)
+    return tok.decode(out)
+
+
+def make_requests(model, tok, n_docs: int = 12, seed: int = 0) -> list[Instance]:
+    """Multiple-choice-like requests: shared contexts, trailing spaces, an empty context,
+    shared-prefix contexts with one continuation (WinoGrande style), greedy answers."""
+    rng = random.Random(seed)
+    reqs: list[Instance] = []
+
+    def add(ctx: str, cont: str) -> None:
+        reqs.append(Instance("loglikelihood", {}, (ctx, cont), len(reqs)))
+
+    for d in range(n_docs):
+        ctx = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40)))
+        ctx += " " if d % 3 == 0 else ""
+        sep = "" if d % 3 == 0 else " "
+        for _ in range(3):
+            add(ctx, sep + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))))
+        add(ctx, greedy_words(model, tok, ctx, 3))  # is_greedy True unless tokenisation differs
+    stem = "the king of the north"
+    for option in ("river", "music film"):
+        add(f"{stem} {option}", " was famous in history")
+    add("", "the city of the king")
+    return reqs
+
+
+def both(model, tok, **kw):
+    common = {"tokenizer": tok, "batch_size": 4, "add_bos_token": False, "max_length": 48}
+    return HFLM(pretrained=model, **common), FastHFLM(pretrained=model, **common, **kw)
+
+
+def assert_same(ref, ours, tol: float = 1e-4) -> None:
+    assert len(ref) == len(ours)
+    diff = max(abs(a[0] - b[0]) for a, b in zip(ref, ours))
+    assert diff <= tol, f"max |Δ logprob| {diff}"
+    assert [a[1] for a in ref] == [b[1] for b in ours]
+
+
+# ---- packing --------------------------------------------------------------------------------
+def test_pack_shares_prefixes_and_masks_ancestors():
+    seqs = [([1, 2, 3, 4], 2, [4, 5]), ([1, 2, 3, 7], 1, [8]), ([9, 9], 1, [1]),
+            ([1, 2, 6], 2, [6, 1])]
+    rows = pack_requests(seqs, row_tokens=100)
+    assert len(rows) == 1
+    row = rows[0]
+    assert len(row) == 8  # 1-2-3-4, +7, +6 (1-2 shared), 9-9
+    mask = row.mask()
+    for path in row.paths:  # every node attends exactly its own path prefix
+        for j, node in enumerate(path):
+            assert set(np.flatnonzero(mask[node])) == set(path[: j + 1])
+            assert row.positions[node] == j
+    assert sorted(s.request for s in row.scored) == [0, 1, 2, 3]
+    budget = pack_requests(seqs, row_tokens=4)
+    assert sorted(s.request for r in budget for s in r.scored) == [0, 1, 2, 3]
+    assert all(len(r) <= 4 for r in budget)
+    batches = batch_rows(budget, batch_tokens=8)
+    assert sum(len(b) for b in batches) == len(budget)
+    ids, pos, add_mask = collate(batches[0], pad_id=0, dtype=torch.float32)
+    assert add_mask.shape == (len(batches[0]), 1, ids.shape[1], ids.shape[1])
+    assert torch.isfinite(add_mask.max(dim=-1).values).all()  # no fully masked row
+
+
+def test_pack_rejects_bad_input():
+    with pytest.raises(ValueError, match="row_tokens"):
+        pack_requests([([1], 1, [2])], row_tokens=0)
+    with pytest.raises(ValueError, match="cannot score"):
+        pack_requests([([1, 2], 3, [2, 3, 4])], row_tokens=8)
+
+
+# ---- equality with stock HFLM ---------------------------------------------------------------
+@pytest.mark.parametrize("row_tokens,batch_tokens", [(512, 2048), (24, 48)])
+def test_fast_matches_stock(tiny_model, tiny_tokenizer, row_tokens, batch_tokens):
+    reqs = make_requests(tiny_model, tiny_tokenizer)
+    stock, fast = both(tiny_model, tiny_tokenizer, row_tokens=row_tokens,
+                       batch_tokens=batch_tokens, verify=0)
+    fast.cache_hook = Recorder()
+    ref = stock.loglikelihood(reqs, disable_tqdm=True)
+    ours = fast.loglikelihood(reqs, disable_tqdm=True)
+    assert_same(ref, ours)
+    assert any(a[1] for a in ref), "no greedy continuation exercised"
+    lengths = [sum(map(len, stock._encode_pair(*r.args))) for r in reqs if r.args[0]]
+    assert max(lengths) > stock.max_length + 1, "no left truncation exercised"
+    # results reach the cache in request terms
+    cached = {key: value for kind, key, value in fast.cache_hook.calls if kind == "loglikelihood"}
+    assert cached == {r.args: v for r, v in zip(reqs, ours)}
+
+
+def test_fast_with_bos_and_bf16(tiny_model, tiny_tokenizer, text_file):
+    from tokenizers import processors
+
+    bos_tok = make_tokenizer(text_file.read_text())
+    bos_tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", bos_tok.bos_token_id)])
+    reqs = make_requests(tiny_model, bos_tok, n_docs=4, seed=1)
+    stock, fast = both(tiny_model, bos_tok)
+    stock.add_bos_token = fast.add_bos_token = True
+    assert stock.tok_encode("the king")[0] == bos_tok.bos_token_id
+    assert_same(stock.loglikelihood(reqs, disable_tqdm=True),
+                fast.loglikelihood(reqs, disable_tqdm=True))
+    assert fast.fast_config()["fallback_reason"] is None
+    low = FastHFLM(pretrained=tiny_model, tokenizer=bos_tok, max_length=48,
+                   add_bos_token=True, autocast_dtype="bfloat16")
+    ref = stock.loglikelihood(reqs, disable_tqdm=True)
+    out = low.loglikelihood(reqs, disable_tqdm=True)
+    assert all(np.isfinite(o[0]) for o in out)
+    assert max(abs(a[0] - b[0]) for a, b in zip(ref, out)) < 0.5
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        FastHFLM(pretrained=tiny_model, tokenizer=tiny_tokenizer, autocast_dtype="int8")
+
+
+def test_fast_matches_stock_on_flexigpt_pruned_model(tiny_tokenizer):
+    prune = pytest.importorskip("flexigpt.methods.prune")
+    from flexigpt.methods.sharing import SharedLoRALinear
+
+    model = make_model(layers=6)
+    calib = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model = prune.compress(model, None, calib, prune.FlexiGPTConfig(ratio=0.5)).model
+    assert any(isinstance(m, SharedLoRALinear) for m in model.modules())
+    reqs = make_requests(model, tiny_tokenizer, n_docs=6, seed=2)
+    stock, fast = both(model, tiny_tokenizer)
+    assert_same(stock.loglikelihood(reqs, disable_tqdm=True),
+                fast.loglikelihood(reqs, disable_tqdm=True))
+    assert fast.fallback_reason is None
+
+
+def test_self_check_falls_back_for_mask_blind_models(tiny_tokenizer):
+    from transformers import LlamaForCausalLM
+
+    class Blind(LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kw):
+            return super().forward(input_ids=input_ids, **kw)
+
+    dense = make_model()
+    model = Blind(dense.config)
+    model.load_state_dict(dense.state_dict())
+    model.eval()
+    reqs = make_requests(model, tiny_tokenizer, n_docs=4, seed=3)
+    stock, fast = both(model, tiny_tokenizer, verify=16)
+    ours = fast.loglikelihood(reqs, disable_tqdm=True)
+    assert fast.fallback_reason is not None and "self-check" in fast.fallback_reason
+    assert_same(stock.loglikelihood(reqs, disable_tqdm=True), ours)
+
+
+def test_head_falls_back_when_logits_to_keep_is_not_boolean(tiny_tokenizer):
+    from transformers import LlamaForCausalLM
+
+    class IntKeepOnly(LlamaForCausalLM):
+        def forward(self, *args, logits_to_keep=0, **kw):
+            if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dtype == torch.bool:
+                raise TypeError("logits_to_keep must be an int")
+            return super().forward(*args, logits_to_keep=logits_to_keep, **kw)
+
+    dense = make_model()
+    model = IntKeepOnly(dense.config)
+    model.load_state_dict(dense.state_dict())
+    model.eval()
+    reqs = make_requests(model, tiny_tokenizer, n_docs=4, seed=4)
+    stock, fast = both(model, tiny_tokenizer)
+    assert_same(stock.loglikelihood(reqs, disable_tqdm=True),
+                fast.loglikelihood(reqs, disable_tqdm=True))
+    assert fast.fallback_reason is None and not fast.fast_config()["head_only_at_scored"]
+
+
+def test_rolling_is_stock_and_model_is_registered(tiny_model, tiny_tokenizer):
+    from lm_eval.api.registry import get_model
+
+    assert get_model("flexigpt-fast") is FastHFLM
+    reqs = [Instance("loglikelihood_rolling", {}, (" ".join(WORDS[:30]),), 0)]
+    stock, fast = both(tiny_model, tiny_tokenizer)
+    a = stock.loglikelihood_rolling(reqs, disable_tqdm=True)
+    b = fast.loglikelihood_rolling(reqs, disable_tqdm=True)
+    assert a == b
