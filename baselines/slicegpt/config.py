@@ -1,0 +1,87 @@
+"""Options of the SliceGPT baseline (see docs/baselines.md §2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flexigpt.registry import validate_ratio
+
+TARGETS = ("parameters", "slicing_fraction")
+HEADS = ("auto", "unsliced", "sliced", "tied")
+PCA_DTYPES = ("float64", "float32")
+ORIENTATIONS = ("pca", "random")
+RECOVERIES = ("none", "lora")
+
+
+@dataclass
+class SliceGPTConfig:
+    """SliceGPT options.
+
+    Attributes:
+        ratio: with ``target="parameters"`` the whole-model parameter reduction
+            ``1 − params(sliced)/params(dense)`` (embeddings, head and shortcut matrices
+            counted, shared storage once — ``flexigpt.params.count_parameters``); with
+            ``target="slicing_fraction"`` the paper's "slicing" s, width ``int((1−s)·D)``
+            rounded down to ``round_to``.
+        target: ``"parameters"`` (solve the width from a parameter target) or
+            ``"slicing_fraction"`` (the paper's "30 %").
+        head: ``"unsliced"`` (official default: untied full-width head), ``"sliced"``
+            (head input rotated by the last Q and sliced), ``"tied"`` (tied models only:
+            head re-tied to the sliced embedding, with a d′×d′ projection after the final
+            norm that carries the final-norm scale), ``"auto"`` = ``"tied"`` for models
+            with tied embeddings, else ``"unsliced"``.
+        round_to: the width is a multiple of this (official ``--round-interval 8``).
+        tolerance: with ``target="parameters"`` the achieved ratio must be within this
+            of ``ratio`` (absolute), else ``compress`` raises before any calibration work.
+        pca_dtype: precision of the second-moment accumulation and eigendecomposition.
+        damping: added to the diagonal, as a fraction of its mean (official 0.01).
+        orientation: ``"pca"`` (paper) or ``"random"`` (official script default: a random
+            rotation inside the kept subspace).
+        batch_size: calibration windows per forward batch.
+        seed: seed of the random orientation.
+        recovery: ``"lora"`` records the paper's RFT recipe for the shared trainer;
+            ``"none"`` records none.
+        lora_rank, lora_alpha: the RFT LoRA rank and alpha (paper: 32 and 10).
+        lora_dropout, lora_lr: RFT dropout and peak learning rate (official code: 0.05 and
+            AdamW 2e-4).
+    """
+
+    ratio: float = 0.3
+    target: str = "parameters"
+    head: str = "auto"
+    round_to: int = 8
+    tolerance: float = 0.01
+    pca_dtype: str = "float64"
+    damping: float = 0.01
+    orientation: str = "pca"
+    batch_size: int = 8
+    seed: int = 0
+    recovery: str = "lora"
+    lora_rank: int = 32
+    lora_alpha: float = 10.0
+    lora_dropout: float = 0.05
+    lora_lr: float = 2e-4
+
+    def __post_init__(self) -> None:
+        self.ratio = validate_ratio(self.ratio, "ratio")
+        for name, allowed in (("target", TARGETS), ("head", HEADS), ("pca_dtype", PCA_DTYPES),
+                              ("orientation", ORIENTATIONS), ("recovery", RECOVERIES)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+        for name in ("round_to", "batch_size", "lora_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.tolerance, (int, float)) or not 0.0 < self.tolerance < 1.0:
+            raise ValueError(f"tolerance must be strictly between 0 and 1, got {self.tolerance!r}")
+        if not isinstance(self.damping, (int, float)) or not 0.0 <= self.damping < 1.0:
+            raise ValueError(f"damping must be in [0, 1), got {self.damping!r}")
+        for name in ("lora_alpha", "lora_lr"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        if not isinstance(self.lora_dropout, (int, float)) or not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")

@@ -1,0 +1,151 @@
+"""Norm fusion: make a pre-norm transformer invariant under rotations of its residual stream.
+
+After :func:`fuse_model` every norm is a weight-free :class:`RMSN` (dividing by the original
+hidden size), the norm scales (and LayerNorm shifts) live in the linears that read the
+normalised signal, and the model computes the same function as before (paper §3.1):
+
+* RMSNorm families (Llama, Mistral, Qwen): ``W_in ← W_in diag(α)``; final ``α`` into the head.
+* LayerNorm families: additionally ``b_in ← b_in + W_in β`` and the mean-removal
+  ``M = I − 11ᵀ/D`` baked into every writer of the residual stream (embedding rows, attention
+  and MLP output linears) — then ``LayerNorm(x) = RMSN(x)·α + β`` holds exactly.
+
+Which path applies is decided from the norm modules (``norm_kind``), so a LayerNorm adapter
+(e.g. OPT) needs no change here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from baselines.slicegpt.modules import RMSN, SlicedBlock, scale_columns_
+from flexigpt.models.adapters import ArchAdapter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FusionInfo:
+    """What fusion found: norm kind, eps, whether the head was tied, the final norm's scale.
+
+    ``final_alpha [D]`` (float64) is kept for re-tying the head; None for a final norm with
+    a shift (LayerNorm bias), which a tied head cannot carry.
+    """
+
+    norm: str  # "rms" | "layernorm"
+    eps: float
+    was_tied: bool
+    final_alpha: torch.Tensor | None = None
+
+
+def norm_kind(norm: nn.Module) -> str:
+    """``"layernorm"`` for a norm with a mean subtraction (nn.LayerNorm or a biased norm), else ``"rms"``."""
+    if isinstance(norm, nn.LayerNorm) or getattr(norm, "bias", None) is not None:
+        return "layernorm"
+    if getattr(norm, "weight", None) is None:
+        raise ValueError(f"cannot fuse norm {type(norm).__name__}: it has no weight")
+    return "rms"
+
+
+def norm_eps(norm: nn.Module) -> float:
+    for attr in ("variance_epsilon", "eps", "epsilon"):
+        if hasattr(norm, attr):
+            return float(getattr(norm, attr))
+    raise ValueError(f"cannot find the epsilon of norm {type(norm).__name__}")
+
+
+def is_tied(model: nn.Module, adapter: ArchAdapter) -> bool:
+    """Whether the LM head shares storage with the input embedding."""
+    head, embed = adapter.lm_head(model).weight, adapter.embed(model).weight
+    return head.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr()
+
+
+def untie_head(model: nn.Module, adapter: ArchAdapter) -> bool:
+    """Give the LM head its own copy of a tied embedding; returns whether it was tied."""
+    if not is_tied(model, adapter):
+        return False
+    head = adapter.lm_head(model)
+    head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+    model.config.tie_word_embeddings = False
+    if hasattr(model, "all_tied_weights_keys"):
+        model.all_tied_weights_keys = {}
+    return True
+
+
+def _fold_into_inputs(norm: nn.Module, linears: list[nn.Linear]) -> None:
+    """``W ← W diag(α)``, ``b ← b + W β`` (float64 arithmetic, in place) for readers of ``norm``."""
+    alpha = norm.weight.detach().double()
+    beta = getattr(norm, "bias", None)
+    for lin in linears:
+        if beta is not None:
+            shift = lin.weight.detach().double() @ beta.detach().double()
+            if lin.bias is None:
+                if torch.count_nonzero(shift):
+                    raise ValueError(f"cannot fold a LayerNorm bias into {lin!r}: it has no bias")
+            else:
+                lin.bias.copy_(lin.bias.double() + shift)
+        scale_columns_(lin.weight, alpha)
+
+
+def _center_outputs(lin: nn.Linear) -> None:
+    """Bake ``M = I − 11ᵀ/D`` into a writer of the residual stream (output rows), in place."""
+    w = lin.weight.detach().double()
+    lin.weight.copy_(w - w.mean(0, keepdim=True))
+    if lin.bias is not None:
+        lin.bias.copy_(lin.bias.double() - lin.bias.double().mean())
+
+
+@torch.no_grad()
+def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> FusionInfo:
+    """Untie the head, fold every norm into its readers, replace blocks by :class:`SlicedBlock`.
+
+    The model's function is unchanged (up to float rounding); shapes are still dense. With
+    ``untie=False`` (a head that will be re-tied) a tied head is left alone and the final
+    norm's scale is only recorded in ``final_alpha``: the head is then wrong until
+    ``rotate._finish_head`` re-ties it (no ``[V, D]`` copy is made).
+    """
+    layers = adapter.layers(model)
+    kind = norm_kind(adapter.input_norm(layers[0]))
+    eps = norm_eps(adapter.input_norm(layers[0]))
+    hidden = model.config.hidden_size
+    was_tied = is_tied(model, adapter)
+    keep_tied = was_tied and not untie
+    if not keep_tied:
+        untie_head(model, adapter)
+    names = {"attn": adapter.attn_name, "mlp": adapter.mlp_name,
+             "input_norm": adapter.input_norm_name, "post_attn_norm": adapter.post_attn_norm_name}
+    if kind == "layernorm":
+        embed = adapter.embed(model)
+        e = embed.weight
+        e.copy_(e.double() - e.double().mean(-1, keepdim=True))
+    for i, layer in enumerate(layers):
+        attn, mlp = adapter.attn(layer), adapter.mlp(layer)
+        _fold_into_inputs(adapter.input_norm(layer), [getattr(attn, n) for n in adapter.attn_in_linears])
+        _fold_into_inputs(adapter.post_attn_norm(layer), [getattr(mlp, n) for n in adapter.mlp_in_linears])
+        if kind == "layernorm":
+            for lin in [getattr(attn, n) for n in adapter.attn_out_linears] + \
+                       [getattr(mlp, n) for n in adapter.mlp_out_linears]:
+                _center_outputs(lin)
+        block = SlicedBlock(names, attn, mlp, hidden, eps)
+        if hasattr(layer, "attention_type"):
+            block.attention_type = layer.attention_type
+        layers[i] = block
+    final = adapter.final_norm(model)
+    alpha = None if getattr(final, "bias", None) is not None else final.weight.detach().double().clone()
+    if not keep_tied:
+        _fold_into_inputs(final, [adapter.lm_head(model)])
+    set_module(model, adapter.final_norm_path, RMSN(hidden, eps))
+    log.info("fused %s norms of %d blocks (head was tied: %s)", kind, len(layers), was_tied)
+    return FusionInfo(norm=kind, eps=eps, was_tied=was_tied, final_alpha=alpha)
+
+
+def set_module(root: nn.Module, dotted: str, module: nn.Module) -> None:
+    """Replace the submodule at ``dotted`` (relative to ``root``)."""
+    parent_path, _, name = dotted.rpartition(".")
+    parent = root
+    for part in parent_path.split(".") if parent_path else []:
+        parent = parent[int(part)] if part.isdigit() else getattr(parent, part)
+    setattr(parent, name, module)

@@ -1,0 +1,152 @@
+"""SliceGPT (Ashkboos et al., ICLR 2024) behind the harness's method interface.
+
+``compress``: choose the width (from a parameter target or the paper's slicing fraction),
+fuse norms, then rotate and slice block by block on calibration windows. ``rebuild``: the
+sliced skeleton from ``(config, structure)`` so ``flexigpt.load_compressed`` reloads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from baselines.slicegpt.accounting import Plan, predict_parameters, slicing_width, solve_width
+from baselines.slicegpt.config import SliceGPTConfig
+from baselines.slicegpt.fusion import fuse_model, is_tied, norm_kind, set_module
+from baselines.slicegpt.modules import RMSN, ProjectedRMSN, SlicedBlock, resize_linear, set_shortcut
+from baselines.slicegpt.rotate import rotate_and_slice
+from flexigpt.artifacts import empty_model
+from flexigpt.models.adapters import ArchAdapter, get_adapter
+from flexigpt.params import count_parameters
+from flexigpt.registry import CompressionResult, Method
+
+log = logging.getLogger(__name__)
+
+#: The paper's RFT targets (official ``--lora-target-option attn_head_and_mlp``).
+RFT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def resolve_head(head: str, tied: bool, kind: str) -> str:
+    """The head treatment for ``cfg.head`` on a model whose head is (not) tied."""
+    if head == "auto":
+        head = "tied" if tied and kind == "rms" else "unsliced"
+    if head == "tied" and not tied:
+        raise ValueError("head='tied' needs a model whose LM head is tied to its embedding; "
+                         "this model's head is separate (use 'unsliced' or 'sliced')")
+    if head == "tied" and kind != "rms":
+        raise ValueError("head='tied' is only exact for RMSNorm models (a LayerNorm model's "
+                         "centred embedding cannot serve as its head)")
+    return head
+
+
+def plan_for(model: nn.Module, adapter: ArchAdapter, cfg: SliceGPTConfig, head: str,
+             tied: bool) -> tuple[Plan, int]:
+    """The constant-width plan for ``cfg`` and its width."""
+    hidden, n_layers = model.config.hidden_size, len(adapter.layers(model))
+    if cfg.target == "slicing_fraction":
+        width = slicing_width(cfg.ratio, hidden, cfg.round_to)
+    else:
+        width, _ = solve_width(model, adapter, cfg.ratio, head, tied, cfg.round_to, cfg.tolerance)
+    return Plan.constant(width, n_layers, hidden, head), width
+
+
+def _check_windows(calibration: Any) -> torch.Tensor:
+    if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 \
+            or calibration.dtype != torch.long or calibration.shape[0] < 1 or calibration.shape[1] < 2:
+        got = (tuple(calibration.shape), calibration.dtype) if isinstance(calibration, torch.Tensor) \
+            else type(calibration).__name__
+        raise ValueError(f"slicegpt needs calibration token windows as a LongTensor [N, T] "
+                         f"with N ≥ 1, T ≥ 2; got {got}")
+    return calibration
+
+
+def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
+             cfg: SliceGPTConfig, mask: torch.Tensor | None = None) -> CompressionResult:
+    """Slice ``model`` in place; ``calibration [N, T]``, optional padding ``mask [N, T]``."""
+    windows = _check_windows(calibration)
+    if mask is not None and mask.shape != windows.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} != windows shape {tuple(windows.shape)}")
+    adapter = get_adapter(model)
+    tied = is_tied(model, adapter)
+    head = resolve_head(cfg.head, tied, norm_kind(adapter.input_norm(adapter.layers(model)[0])))
+    plan, width = plan_for(model, adapter, cfg, head, tied)
+    dense = count_parameters(model)
+    predicted = predict_parameters(model, adapter, plan, tied)
+    log.info("slicegpt: width %d of %d, head %s, predicted reduction %.4f",
+             width, model.config.hidden_size, head, 1 - predicted / dense)
+    start = time.perf_counter()
+    fusion = fuse_model(model, adapter, untie=head != "tied")
+    diag = rotate_and_slice(model, adapter, fusion, plan, windows, cfg, mask)
+    seconds = time.perf_counter() - start
+    after = count_parameters(model)
+    if after != predicted:
+        log.error("slicegpt parameter count %d differs from the prediction %d", after, predicted)
+    structure = {"plan": plan.to_json(), "hidden_size": model.config.hidden_size,
+                 "eps": fusion.eps, "norm": fusion.norm, "was_tied": tied}
+    info: dict[str, Any] = {
+        "target": cfg.target, "ratio_requested": cfg.ratio, "width": width,
+        "slicing_fraction": round(1 - width / model.config.hidden_size, 6), "head": head,
+        "dense_parameters": dense, "predicted_parameters": predicted, "parameters": after,
+        "predicted_ratio": round(1 - predicted / dense, 6), "achieved_ratio": round(1 - after / dense, 6),
+        "calibration": {"n_windows": int(windows.shape[0]), "seq_len": int(windows.shape[1])},
+        "slice_seconds": round(seconds, 3),
+        "process_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        **diag,
+    }
+    if cfg.recovery == "lora":
+        info["recovery"] = {"recipe": "lora", "rank": cfg.lora_rank, "alpha": cfg.lora_alpha,
+                            "dropout": cfg.lora_dropout, "lr": cfg.lora_lr,
+                            "targets": list(RFT_TARGETS)}
+    return CompressionResult(model=model, structure=structure, info=info)
+
+
+def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
+    """An uninitialised sliced skeleton whose ``state_dict`` matches a compressed model's."""
+    try:
+        plan = Plan(**structure["plan"])
+        hidden, eps = int(structure["hidden_size"]), float(structure["eps"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"not a slicegpt structure ({err}): {structure!r}") from None
+    model = empty_model(config)
+    adapter = get_adapter(model)
+    layers = adapter.layers(model)
+    if len(layers) != len(plan.mid):
+        raise ValueError(f"structure has {len(plan.mid)} blocks, config {len(layers)}")
+    names = {"attn": adapter.attn_name, "mlp": adapter.mlp_name,
+             "input_norm": adapter.input_norm_name, "post_attn_norm": adapter.post_attn_norm_name}
+    for i, (d_in, d_mid, d_out) in enumerate(zip(plan.inputs(), plan.mid, plan.out)):
+        attn, mlp = adapter.attn(layers[i]), adapter.mlp(layers[i])
+        for name in adapter.attn_in_linears:
+            resize_linear(getattr(attn, name), in_features=d_in)
+        for name in adapter.attn_out_linears:
+            resize_linear(getattr(attn, name), out_features=d_mid)
+        for name in adapter.mlp_in_linears:
+            resize_linear(getattr(mlp, name), in_features=d_mid)
+        for name in adapter.mlp_out_linears:
+            resize_linear(getattr(mlp, name), out_features=d_out)
+        block = SlicedBlock(names, attn, mlp, hidden, eps)
+        if hasattr(layers[i], "attention_type"):
+            block.attention_type = layers[i].attention_type
+        set_shortcut(block, "attn", torch.empty(d_in, d_mid))
+        set_shortcut(block, "mlp", torch.empty(d_mid, d_out))
+        layers[i] = block
+    embed, head = adapter.embed(model), adapter.lm_head(model)
+    embed.weight = nn.Parameter(torch.empty(embed.weight.shape[0], plan.embed, dtype=embed.weight.dtype))
+    embed.embedding_dim = plan.embed
+    if plan.head == "tied":
+        set_module(model, adapter.final_norm_path, ProjectedRMSN(hidden, eps, plan.out[-1], plan.embed))
+        head.weight, head.in_features = embed.weight, plan.embed
+    else:
+        set_module(model, adapter.final_norm_path, RMSN(hidden, eps))
+        resize_linear(head, in_features=plan.out[-1])
+    return model
+
+
+METHOD = Method(name="slicegpt", config_cls=SliceGPTConfig, compress=compress, rebuild=rebuild,
+                needs_calibration=True, recovery="lora",
+                description="SliceGPT: PCA rotation + slicing of the residual stream")

@@ -1,0 +1,215 @@
+"""The layer-by-layer rotate-and-slice loop (official ``rotate_and_slice_sequential``).
+
+Memory: one activation buffer ``[N, T, D]`` in the model dtype holds the current block's
+inputs (first ``d_in`` features, already rotated and sliced); each block's outputs overwrite
+its inputs batch by batch. PCA only keeps ``D × D`` second moments. The official code keeps
+inputs and outputs (and more) of every calibration sequence at once.
+
+Row-vector convention ``y = x Wᵀ`` (HF ``nn.Linear``), ``Q [D, D]`` columns = eigenvectors,
+``Q_d = Q[:, :d]``: readers ``W ← W Q_d``, writers ``W ← Q_dᵀ W``, embedding ``E ← E Q_d``,
+shortcut from basis (P, d_p) to (Q, d_q): ``x ↦ x P_{d_p}ᵀ Q_{d_q}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from baselines.slicegpt.accounting import Plan
+from baselines.slicegpt.config import SliceGPTConfig
+from baselines.slicegpt.fusion import FusionInfo, set_module
+from baselines.slicegpt.modules import ProjectedRMSN, SlicedBlock, matmul_rows, set_linear, set_shortcut
+from baselines.slicegpt.pca import SecondMoment, kept_energy, random_orientation
+from flexigpt.models.adapters import ArchAdapter
+
+log = logging.getLogger(__name__)
+
+
+class _Captured(Exception):
+    """Raised by the layer-0 hook once the block inputs are captured."""
+
+
+def capture_inputs(model: nn.Module, adapter: ArchAdapter, windows: torch.Tensor,
+                   batch_size: int, mask: torch.Tensor | None,
+                   buffer: torch.Tensor) -> list[dict[str, Any]]:
+    """Write the block-0 inputs ``[N, T, D]`` into ``buffer``; return each batch's layer kwargs.
+
+    Without a padding mask, the kwargs (causal mask, rotary tables) depend only on the batch
+    shape and are shared between batches of equal size.
+    """
+    device = next(model.parameters()).device
+    seen: dict[Any, dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
+    slot: dict[str, Any] = {}
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        slot["x"] = args[0] if args else kwargs["hidden_states"]
+        slot["kwargs"] = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        raise _Captured
+
+    handle = adapter.layers(model)[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for start in range(0, windows.shape[0], batch_size):
+            ids = windows[start:start + batch_size].to(device)
+            am = None if mask is None else mask[start:start + batch_size].to(device)
+            try:
+                model(input_ids=ids, attention_mask=am, use_cache=False)
+            except _Captured:
+                pass
+            buffer[start:start + ids.shape[0]] = slot["x"].to(buffer.device)
+            if mask is not None:  # per-batch masks: keep every batch's own kwargs
+                out.append(slot["kwargs"])
+                continue
+            out.append(seen.setdefault(tuple(ids.shape), slot["kwargs"]))
+    finally:
+        handle.remove()
+    return out
+
+
+def _readers(parent: nn.Module, names: tuple[str, ...], q: torch.Tensor) -> None:
+    """``W ← W Q`` for linears reading the residual stream (input columns)."""
+    for name in names:
+        lin = getattr(parent, name)
+        set_linear(lin, lin.weight.detach().double() @ q.to(lin.weight.device))
+
+
+def _writers(parent: nn.Module, names: tuple[str, ...], q: torch.Tensor) -> None:
+    """``W ← Qᵀ W``, ``b ← Qᵀ b`` for linears writing the residual stream (output rows)."""
+    for name in names:
+        lin = getattr(parent, name)
+        qt = q.T.to(lin.weight.device)
+        bias = None if lin.bias is None else qt @ lin.bias.detach().double()
+        set_linear(lin, qt @ lin.weight.detach().double(), bias)
+
+
+class _Slicer:
+    """State of one rotate-and-slice run (CPU buffer, batches, PCA settings, model device)."""
+
+    def __init__(self, cfg: SliceGPTConfig, buffer: torch.Tensor, batch_kwargs: list[dict[str, Any]],
+                 mask: torch.Tensor | None, device: torch.device) -> None:
+        self.cfg, self.buffer, self.kwargs, self.mask = cfg, buffer, batch_kwargs, mask
+        self.device = device
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.energy: list[float] = []
+
+    def batches(self):
+        """``(slice, layer kwargs, mask)`` per calibration batch."""
+        bs = self.cfg.batch_size
+        for i, start in enumerate(range(0, self.buffer.shape[0], bs)):
+            sl = slice(start, start + bs)
+            yield sl, self.kwargs[i], None if self.mask is None else self.mask[sl]
+
+    def read(self, sl: slice, width: int) -> torch.Tensor:
+        """The first ``width`` features of a batch, on the model's device."""
+        return self.buffer[sl, :, :width].to(self.device)
+
+    def moment(self) -> SecondMoment:
+        return SecondMoment(self.buffer.shape[-1], self.cfg.pca_dtype, self.device)
+
+    def basis(self, acc: SecondMoment, width: int) -> torch.Tensor:
+        q, vals = acc.basis(self.cfg.damping)
+        self.energy.append(round(kept_energy(vals, width), 6))
+        return random_orientation(q, width, self.gen) if self.cfg.orientation == "random" else q
+
+    def rotate_buffer(self, q: torch.Tensor, width: int) -> None:
+        """``buffer[..., :width] ← buffer @ Q_width`` in place, batch by batch (full-D inputs)."""
+        qd = q[:, :width].to(device=self.device, dtype=self.buffer.dtype)
+        for sl, _, _ in self.batches():
+            self.buffer[sl, :, :width] = (self.read(sl, self.buffer.shape[-1]) @ qd).to(self.buffer.device)
+
+
+@torch.no_grad()
+def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, plan: Plan,
+                     windows: torch.Tensor, cfg: SliceGPTConfig,
+                     mask: torch.Tensor | None = None) -> dict[str, Any]:
+    """Rotate and slice a fused model (:func:`fusion.fuse_model`) in place to ``plan``'s widths.
+
+    Args:
+        windows: calibration token ids ``[N, T]``.
+        mask: optional ``[N, T]`` (1 = real token); padded positions are left out of every PCA.
+
+    Returns:
+        Diagnostics: kept energy fraction of every PCA (embedding, then mid/out per block).
+    """
+    hidden = model.config.hidden_size
+    ref = next(model.parameters())
+    n, t = windows.shape
+    buffer = torch.empty(n, t, hidden, dtype=ref.dtype)  # host memory, whatever the device
+    log.info("calibration buffer %s %s (%.1f MiB)", tuple(buffer.shape), ref.dtype,
+             buffer.numel() * buffer.element_size() / 2**20)
+    kwargs = capture_inputs(model, adapter, windows, cfg.batch_size, mask, buffer)
+    state = _Slicer(cfg, buffer, kwargs, mask, ref.device)
+
+    acc = state.moment()
+    for sl, _, m in state.batches():
+        acc.add(state.read(sl, hidden), m)
+    q_embed = state.basis(acc, plan.embed)
+    embed = adapter.embed(model)
+    embed.weight = nn.Parameter(matmul_rows(embed.weight, q_embed[:, :plan.embed]))
+    embed.embedding_dim = plan.embed
+    state.rotate_buffer(q_embed, plan.embed)
+
+    q_prev, d_prev = q_embed, plan.embed
+    layers = adapter.layers(model)
+    for i, block in enumerate(tqdm(layers, desc="slicegpt", leave=False)):
+        if not isinstance(block, SlicedBlock):
+            raise TypeError(f"block {i} is {type(block).__name__}; call fuse_model first")
+        attn, mlp = adapter.attn(block), adapter.mlp(block)
+        p_in = q_prev[:, :d_prev]
+        _readers(attn, adapter.attn_in_linears, p_in)
+        set_shortcut(block, "attn", p_in.T)  # back to the original basis for the PCA
+        acc = state.moment()
+        for sl, kw, m in state.batches():
+            acc.add(block.attn_residual(state.read(sl, d_prev), **kw), m)
+        d_mid = plan.mid[i]
+        q_mid = state.basis(acc, d_mid)[:, :d_mid]
+        set_shortcut(block, "attn", p_in.T @ q_mid)
+        _writers(attn, adapter.attn_out_linears, q_mid)
+        _readers(mlp, adapter.mlp_in_linears, q_mid)
+        set_shortcut(block, "mlp", q_mid.T)
+        acc = state.moment()
+        for sl, kw, m in state.batches():
+            y = block(state.read(sl, d_prev), **kw)  # [b, T, D] in the original basis
+            acc.add(y, m)
+            buffer[sl] = y.to(buffer.device)
+        d_out = plan.out[i]
+        q_next = state.basis(acc, d_out)
+        set_shortcut(block, "mlp", q_mid.T @ q_next[:, :d_out])
+        _writers(mlp, adapter.mlp_out_linears, q_next[:, :d_out])
+        state.rotate_buffer(q_next, d_out)
+        q_prev, d_prev = q_next, d_out
+
+    _finish_head(model, adapter, fusion, plan, q_prev[:, :d_prev], q_embed[:, :plan.embed])
+    return {"kept_energy": state.energy}
+
+
+def _finish_head(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, plan: Plan,
+                 q_last: torch.Tensor, q_embed: torch.Tensor) -> None:
+    """Rotate (and slice) the head input, or re-tie the head to the sliced embedding.
+
+    Re-tying: logits = RMSN(h) diag(α) Eᵀ. With ``h ≈ ĥ Q_Lᵀ`` and ``E ≈ Ê Q₀ᵀ`` (Ê = E Q₀
+    sliced) this is ``RMSN(ĥ) M Êᵀ`` with ``M = Q_Lᵀ diag(α) Q₀`` (d_L × d₀) — exact at full
+    width. ``diag(α)`` is not orthogonal, so it cannot be absorbed into the last block's
+    writers (RMSN would see a rescaled signal); ``M`` is stored as ``ProjectedRMSN.proj``.
+    """
+    head, embed = adapter.lm_head(model), adapter.embed(model)
+    if plan.head != "tied":
+        set_linear(head, matmul_rows(head.weight, q_last))
+        return
+    if fusion.final_alpha is None:
+        raise ValueError("re-tying needs the final norm scale (fusion.final_alpha)")
+    alpha = fusion.final_alpha.to(device=q_embed.device, dtype=torch.float64)
+    m = q_last.T @ (alpha[:, None] * q_embed)  # [d_L, d0]
+    final = ProjectedRMSN(model.config.hidden_size, fusion.eps, m.shape[0], m.shape[1])
+    final.proj.weight = nn.Parameter(m.T.to(device=embed.weight.device, dtype=embed.weight.dtype)
+                                     .contiguous())
+    set_module(model, adapter.final_norm_path, final)
+    head.weight = embed.weight
+    head.in_features = embed.weight.shape[1]
+    model.config.tie_word_embeddings = True
+    if hasattr(model, "get_expanded_tied_weights_keys"):
+        model.all_tied_weights_keys = model.get_expanded_tied_weights_keys(all_submodels=False)
