@@ -6,7 +6,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 BIN := $(VENV)/bin
 
-.PHONY: setup run smoke test lint report
+.PHONY: setup run smoke test test-slow lint report
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -24,7 +24,11 @@ smoke: setup
 	. $(BIN)/activate && snakemake --cores all --configfile config/smoke.yaml
 
 test: setup
-	. $(BIN)/activate && python -m pytest -q
+	. $(BIN)/activate && python -m pytest -q -m "not slow"
+
+# the end-to-end smoke DAG and the real SmolLM2 resource build (minutes; builds resources/)
+test-slow: setup
+	. $(BIN)/activate && python -m pytest -q -m slow
 
 lint: setup
 	. $(BIN)/activate && snakemake --lint

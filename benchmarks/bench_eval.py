@@ -1,0 +1,130 @@
+"""Requests/s of stock lm-eval ``HFLM`` vs ``FastHFLM`` on the same requests, same process.
+
+For each task, the loglikelihood requests of the first ``--limit`` docs (local task files,
+lm-eval's prompts) are scored by stock HFLM (fp32), FastHFLM (fp32) and FastHFLM with bf16
+autocast. Reports requests/s, the speed-up, the largest |Δ logprob| and is_greedy mismatches
+vs stock, and the task metrics (computed by lm-eval's own ``process_results``) of each.
+Times are process CPU seconds (with ``--threads 1`` this is the compute actually spent, even
+when other jobs share the machine); wall seconds are reported too.
+
+    .venv/bin/python benchmarks/bench_eval.py --model resources/models/smollm2-135m \
+        --limit 200 --threads 1 --out /tmp/bench_eval.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flexigpt.artifacts import load_compressed
+from flexigpt.evaluation.tasks import PAPER_TASKS, build_task, task_specs
+from flexigpt.evaluation.zeroshot import make_lm
+
+log = logging.getLogger("bench_eval")
+
+
+def task_requests(name: str, benchmarks: str, limit: int) -> tuple[Any, list[Any]]:
+    """The lm-eval Task and its loglikelihood Instances for the first ``limit`` docs."""
+    task = build_task(task_specs([name], "local", benchmarks)[0])
+    task.set_config(key="num_fewshot", value=0)
+    task.build_all_requests(limit=limit, rank=0, world_size=1)
+    return task, list(task.instances)
+
+
+def metrics(task: Any, instances: list[Any], answers: list[tuple[float, bool]]) -> dict[str, float]:
+    """Mean of lm-eval's per-doc metrics for these answers."""
+    per_doc: dict[int, list[tuple[int, tuple[float, bool]]]] = defaultdict(list)
+    for inst, ans in zip(instances, answers, strict=True):
+        per_doc[inst.doc_id].append((inst.idx, ans))
+    sums: dict[str, float] = defaultdict(float)
+    for doc_id, items in per_doc.items():
+        doc = next(i.doc for i in instances if i.doc_id == doc_id)
+        res = task.process_results(doc, [a for _, a in sorted(items, key=lambda x: x[0])])
+        for k, v in res.items():
+            sums[k] += float(v)
+    return {k: v / len(per_doc) for k, v in sums.items()}
+
+
+def timed(lm: Any, instances: list[Any]) -> tuple[list[tuple[float, bool]], float, float]:
+    """Answers, CPU seconds of this process (robust to a shared machine), wall seconds."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    out = lm.loglikelihood(instances, disable_tqdm=True)
+    return out, time.process_time() - cpu, time.perf_counter() - wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resources/models/smollm2-135m")
+    ap.add_argument("--benchmarks", default="resources/benchmarks")
+    ap.add_argument("--tasks", default=",".join(PAPER_TASKS))
+    ap.add_argument("--limit", type=int, default=200)
+    ap.add_argument("--batch-size", type=int, default=16, help="stock HFLM batch size")
+    ap.add_argument("--row-tokens", type=int, default=512)
+    ap.add_argument("--batch-tokens", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--out", help="write the report JSON here")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    loaded = load_compressed(args.model)
+    model, tok = loaded.model, loaded.tokenizer
+    stock = make_lm(model, tok, backend="hf", batch_size=args.batch_size)
+    fast_kw = {"row_tokens": args.row_tokens, "batch_tokens": args.batch_tokens, "verify": 0}
+    fast = make_lm(model, tok, backend="fast", batch_size=args.batch_size, **fast_kw)
+    bf16 = None if args.no_bf16 else make_lm(model, tok, backend="fast",
+                                             batch_size=args.batch_size,
+                                             autocast_dtype="bfloat16", **fast_kw)
+    report: dict[str, Any] = {"model": args.model, "limit": args.limit, "threads": args.threads,
+                              "batch_size": args.batch_size, "fast": fast_kw, "tasks": {}}
+    totals: dict[str, float] = defaultdict(float)
+    n_total = 0
+    for name in [t for t in args.tasks.split(",") if t]:
+        task, inst = task_requests(name, args.benchmarks, args.limit)
+        ref, t_stock, w_stock = timed(stock, inst)
+        ours, t_fast, w_fast = timed(fast, inst)
+        row = {"requests": len(inst), "docs": len({i.doc_id for i in inst}),
+               "stock_s": t_stock, "fast_s": t_fast, "speedup": t_stock / t_fast,
+               "stock_wall_s": w_stock, "fast_wall_s": w_fast,
+               "max_abs_diff": max(abs(a[0] - b[0]) for a, b in zip(ref, ours)),
+               "greedy_mismatch": sum(a[1] != b[1] for a, b in zip(ref, ours)),
+               "metrics_stock": metrics(task, inst, ref), "metrics_fast": metrics(task, inst, ours)}
+        if bf16 is not None:
+            low, t_bf16, w_bf16 = timed(bf16, inst)
+            m_bf16 = metrics(task, inst, low)
+            row.update(bf16_s=t_bf16, bf16_wall_s=w_bf16, speedup_bf16=t_stock / t_bf16,
+                       metrics_bf16=m_bf16,
+                       bf16_max_abs_diff=max(abs(a[0] - b[0]) for a, b in zip(ref, low)),
+                       bf16_max_metric_diff=max(abs(m_bf16[k] - row["metrics_stock"][k])
+                                                for k in m_bf16))
+            totals["bf16"] += t_bf16
+        totals["stock"] += t_stock
+        totals["fast"] += t_fast
+        n_total += len(inst)
+        report["tasks"][name] = row
+        if args.out:  # partial report after every task
+            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        log.info("%s: %d req, CPU s: stock %.1f, fast %.1f (×%.2f)%s, max|Δ| %.2e, greedy≠ %d, "
+                 "metrics %s vs %s", name, len(inst), t_stock, t_fast, t_stock / t_fast,
+                 f", bf16 {row['bf16_s']:.1f} (×{row['speedup_bf16']:.2f})" if bf16 else "",
+                 row["max_abs_diff"], row["greedy_mismatch"], row["metrics_stock"],
+                 row["metrics_fast"])
+    report["overall"] = {"requests": n_total, **{f"{k}_s": v for k, v in totals.items()},
+                         **{f"{k}_req_per_s": n_total / v for k, v in totals.items()},
+                         "speedup": totals["stock"] / totals["fast"]}
+    if bf16 is not None:
+        report["overall"]["speedup_bf16"] = totals["stock"] / totals["bf16"]
+    print(json.dumps(report["overall"], indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Training throughput of FlexiGPT recovery on SmolLM2-135M, and its fraction of peak.
+
+Measures, in one run on this machine:
+
+1. the dense matmul peak: FLOP/s of a large ``torch.matmul`` (n × n by n × n, 2n³ FLOP) in
+   fp32 and bf16;
+2. tokens/s of the real trainer loop (:func:`flexigpt.training.loop.run_loop`, recipe
+   ``flexigpt``: LoRA + γ of the replacement blocks, base frozen) on SmolLM2-135M compressed
+   by FlexiGPT at ``--ratio``, for each variant (bf16 autocast, micro-batch, compile); the
+   first ``--warmup-steps`` steps are excluded from the timing;
+3. model FLOPs utilisation (MFU) against both peaks.
+
+FLOP model (per training token; M = multiply-accumulates per token of every linear as
+used in the forward, shared base weights counted at each use, LoRA paths included, LM head
+included, embedding lookup excluded; A = attention-score MACs per token = 2·T·H·d_head per
+layer (QKᵀ and AV over the full window, as SDPA computes it on CPU); M_t = MACs of the
+trainable matrices (the LoRA paths)):
+
+    forward                  2·(M + A)
+    full fine-tuning         6·(M + A)             (the standard 6·N)
+    frozen base + adapters   4·(M + A) + 2·M_t     (forward + activation gradients,
+                                                    plus weight gradients of adapters only)
+
+The frozen-base count is an upper bound: no gradient flows below the first trainable block.
+
+Usage::
+
+    python benchmarks/bench_train.py --threads 2 --out results/bench/bench_train.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from flexigpt.artifacts import load_compressed  # noqa: E402
+from flexigpt.calibration import token_windows  # noqa: E402
+from flexigpt.training.config import TrainConfig, resolve_plan  # noqa: E402
+from flexigpt.training.data import WindowStream  # noqa: E402
+from flexigpt.training.lora import is_wrapper  # noqa: E402
+from flexigpt.training.loop import run_loop  # noqa: E402
+from flexigpt.training.recipes import apply_recipe  # noqa: E402
+
+log = logging.getLogger("bench_train")
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, seconds: float = 3.0) -> float:
+    """Best FLOP/s of ``n×n @ n×n`` in ``dtype`` over repeated calls (2n³ FLOP each)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.matmul(a, b)  # warm-up (kernel selection, AMX tile init)
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        tic = time.perf_counter()
+        torch.matmul(a, b)
+        best = max(best, 2 * n**3 / (time.perf_counter() - tic))
+    return best
+
+
+def macs_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
+    """Linear MACs (each use), LoRA-path MACs and attention-score MACs per token."""
+    linear = lora = 0
+    for _, module in model.named_modules(remove_duplicate=False):
+        if type(module) is torch.nn.Linear:
+            linear += module.in_features * module.out_features
+        if is_wrapper(module) and hasattr(module, "lora_A"):
+            lora += module.lora_A.numel() + module.lora_B.numel()
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attn = 2 * seq_len * cfg.num_attention_heads * head_dim * cfg.num_hidden_layers
+    return {"linear": linear + lora, "lora": lora, "attention": attn}
+
+
+def ensure_compressed(model: str, text: str, ratio: float, out: Path) -> Path:
+    if not (out / "manifest.json").is_file():
+        from flexigpt.api import compress
+
+        log.info("compressing %s with flexigpt at %.2f -> %s", model, ratio, out)
+        compress("flexigpt", model, out, options={"ratio": ratio}, calibration=text,
+                 n_calibration=64, calibration_seq_len=256)
+    return out
+
+
+def measure(model_dir: Path, text: str, cfg: TrainConfig, steps: int, warmup: int) -> dict:
+    """tokens/s of the trainer loop for ``cfg`` (timed over steps after ``warmup``)."""
+    loaded = load_compressed(model_dir)
+    plan = resolve_plan(cfg, loaded.manifest)
+    report = apply_recipe(loaded.model, plan)
+    macs = macs_per_token(loaded.model, cfg.seq_len)
+    stream = WindowStream(token_windows(text, loaded.tokenizer, cfg.seq_len), cfg.seed)
+    stamps: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        run_loop(loaded.model, stream, None, cfg, plan, Path(tmp) / "ckpt", "bench",
+                 on_step=lambda s, loss: stamps.append(time.perf_counter()))
+    timed = stamps[warmup - 1:] if warmup else stamps
+    seconds = timed[-1] - timed[0]
+    tokens = (len(timed) - 1) * cfg.global_batch * cfg.seq_len
+    return {"tokens_per_second": tokens / seconds, "timed_steps": len(timed) - 1,
+            "trainable_parameters": report.trainable_parameters, "macs": macs}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="resources/models/smollm2-135m")
+    p.add_argument("--text", default="resources/text/wiki/train.txt")
+    p.add_argument("--ratio", type=float, default=0.3)
+    p.add_argument("--compressed", default="results/bench/smollm2-135m-flexigpt-0.3")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--variants", default="on:4,on:8,off:4",
+                   help="comma-separated BF16:MICRO_BATCH[:compile], BF16 in auto|on|off")
+    p.add_argument("--steps", type=int, default=4, help="steps per variant (incl. warm-up)")
+    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--out", default="results/bench/bench_train.json")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    os.chdir(ROOT)
+
+    peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    log.info("matmul peak: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s",
+             peak["fp32"] / 1e9, peak["bf16"] / 1e9)
+    model_dir = ensure_compressed(args.model, args.text, args.ratio, Path(args.compressed))
+    variants = []
+    for spec in args.variants.split(","):
+        bf16, micro, *rest = spec.split(":")
+        variants.append({"bf16": bf16, "micro_batch": int(micro), "compile": rest == ["compile"]})
+    results: list[dict] = []
+    out = write(args, peak, results)
+    for v in variants:
+        cfg = TrainConfig(tokens=args.steps * v["micro_batch"] * args.seq_len,
+                          seq_len=args.seq_len, micro_batch=v["micro_batch"],
+                          global_batch=v["micro_batch"], bf16=v["bf16"], warmup=0,
+                          checkpoint_every=0, recipe="flexigpt", compile=v["compile"])
+        try:
+            r = measure(model_dir, args.text, cfg, args.steps, args.warmup_steps)
+        except Exception as err:  # a variant that cannot run (e.g. compile) is reported
+            log.warning("variant %s failed: %s", v, err)
+            results.append({**v, "error": f"{type(err).__name__}: {err}"})
+            out = write(args, peak, results)
+            continue
+        m = r["macs"]
+        flops_token = 4 * (m["linear"] + m["attention"]) + 2 * m["lora"]
+        achieved = flops_token * r["tokens_per_second"]
+        row = {**v, **r, "train_flops_per_token": flops_token, "achieved_flops": achieved,
+               "mfu_vs_fp32_peak": achieved / peak["fp32"],
+               "mfu_vs_bf16_peak": achieved / peak["bf16"]}
+        log.info("%s: %.0f tok/s, %.1f GFLOP/s (%.1f%% of fp32 peak, %.1f%% of bf16 peak)",
+                 v, r["tokens_per_second"], achieved / 1e9, 100 * row["mfu_vs_fp32_peak"],
+                 100 * row["mfu_vs_bf16_peak"])
+        results.append(row)
+        out = write(args, peak, results)  # after every variant, so partial runs keep results
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def write(args: argparse.Namespace, peak: dict, results: list) -> dict:
+    out = {"threads": args.threads, "load_average": os.getloadavg(), "seq_len": args.seq_len,
+           "peak_flops": peak, "formula": "frozen base + adapters: 4*(M+A) + 2*M_lora "
+           "FLOP/token (M linear MACs/token, A attention MACs/token)", "variants": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
