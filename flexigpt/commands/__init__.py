@@ -1,1 +1,19 @@
 """Subcommands of the ``flexigpt`` CLI (see flexigpt/cli.py)."""
+
+from __future__ import annotations
+
+import json
+
+
+def parse_key_values(pairs: list[str], flag: str) -> dict[str, object]:
+    """``["k=v", ...]`` → ``{k: json(v) or the raw string}``; errors name ``flag``."""
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 HELP = "compress a model with a registered method and save weights + manifest"
 
@@ -28,23 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank", type=int, help="flexigpt: LoRA rank of replacement blocks")
 
 
-def parse_options(pairs: list[str]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--option expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from flexigpt.api import compress
 
-    options = parse_options(args.option)
+    from flexigpt.commands import parse_key_values
+
+    options = parse_key_values(args.option, "--option")
     for key in ("ratio", "policy", "rank"):
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)

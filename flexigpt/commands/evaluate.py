@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 HELP = "evaluate a saved model (perplexity + zero-shot tasks) into one result JSON"
 
@@ -37,20 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="label copied into the JSON (JSON value or string); repeatable")
 
 
-def parse_labels(pairs: list[str]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--label expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
+    from flexigpt.commands import parse_key_values
     from flexigpt.evaluation.results import evaluate_model
 
     result = evaluate_model(
@@ -59,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         ppl_text=None if args.no_ppl else args.ppl_text, ppl_seq_len=args.ppl_seq_len,
         ppl_windows=args.ppl_windows, batch_size=args.batch_size, backend=args.backend,
         dtype=args.dtype, device=args.device, add_bos_token=args.add_bos_token,
-        autocast_dtype="bfloat16" if args.bf16 else None, labels=parse_labels(args.label))
+        autocast_dtype="bfloat16" if args.bf16 else None, labels=parse_key_values(args.label, "--label"))
     if result["perplexity"] is not None:
         print(f"perplexity {result['perplexity']['value']:.4f}")
     for task, entry in result["tasks"].items():
