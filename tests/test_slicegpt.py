@@ -236,7 +236,7 @@ def test_random_orientation_and_registry():
                                        "dropout": 0.05, "lr": 2e-4,
                                        "targets": ["q_proj", "k_proj", "v_proj", "o_proj",
                                                    "gate_proj", "up_proj", "down_proj"]}
-    assert "recovery" not in _sliced(recovery="none")[0].info
+    assert _sliced(recovery="none")[0].info["recovery"] == {"recipe": "none"}
     from flexigpt.train import TrainConfig, resolve_plan  # the shared trainer reads the recipe
 
     plan = resolve_plan(TrainConfig(), {"method": "slicegpt", "info": result.info})

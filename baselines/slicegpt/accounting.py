@@ -33,7 +33,7 @@ class Plan:
 
     @classmethod
     def constant(cls, width: int, layers: int, hidden: int, head: str) -> Plan:
-        """Every block at ``width``; the last block writes full ``hidden`` if the head is unsliced."""
+        """Every block at ``width``; the last writes full ``hidden`` if the head is unsliced."""
         out = [width] * layers
         if head == "unsliced":
             out[-1] = hidden
@@ -59,7 +59,8 @@ def predict_parameters(model: nn.Module, adapter: ArchAdapter, plan: Plan, tied:
     """
     layers = adapter.layers(model)
     if len(plan.mid) != len(layers) or len(plan.out) != len(layers):
-        raise ValueError(f"plan has {len(plan.mid)}/{len(plan.out)} widths for {len(layers)} blocks")
+        raise ValueError(f"plan has {len(plan.mid)}/{len(plan.out)} widths for "
+                         f"{len(layers)} blocks")
     embed, head = adapter.embed(model), adapter.lm_head(model)
     vocab, last = embed.weight.shape[0], plan.out[-1]
     total = count_parameters(model) - embed.weight.numel() + vocab * plan.embed
@@ -71,8 +72,9 @@ def predict_parameters(model: nn.Module, adapter: ArchAdapter, plan: Plan, tied:
     for block, d_in, d_mid, d_out in zip(layers, plan.inputs(), plan.mid, plan.out):
         total -= _numel(adapter.input_norm(block)) + _numel(adapter.post_attn_norm(block))
         attn, mlp = adapter.attn(block), adapter.mlp(block)
-        for parent, ins, outs, a, b in ((attn, adapter.attn_in_linears, adapter.attn_out_linears, d_in, d_mid),
-                                        (mlp, adapter.mlp_in_linears, adapter.mlp_out_linears, d_mid, d_out)):
+        sides = ((attn, adapter.attn_in_linears, adapter.attn_out_linears, d_in, d_mid),
+                 (mlp, adapter.mlp_in_linears, adapter.mlp_out_linears, d_mid, d_out))
+        for parent, ins, outs, a, b in sides:
             for name in ins:
                 lin = getattr(parent, name)
                 total += lin.out_features * (a - lin.in_features)
@@ -95,7 +97,7 @@ def slicing_width(fraction: float, hidden: int, round_to: int) -> int:
 
 def solve_width(model: nn.Module, adapter: ArchAdapter, ratio: float, head: str, tied: bool,
                 round_to: int, tolerance: float) -> tuple[int, float]:
-    """The constant width (multiple of ``round_to``) whose parameter reduction is closest to ``ratio``.
+    """The constant width (a multiple of ``round_to``) whose reduction is closest to ``ratio``.
 
     Returns:
         ``(width, predicted ratio)``.

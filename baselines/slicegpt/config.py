@@ -39,8 +39,8 @@ class SliceGPTConfig:
             rotation inside the kept subspace).
         batch_size: calibration windows per forward batch.
         seed: seed of the random orientation.
-        recovery: ``"lora"`` records the paper's RFT recipe for the shared trainer;
-            ``"none"`` records none.
+        recovery: the recipe recorded in ``info["recovery"]`` for the shared trainer:
+            ``"lora"`` the paper's RFT, ``"none"`` no training (the paper's main results).
         lora_rank, lora_alpha: the RFT LoRA rank and alpha (paper: 32 and 10).
         lora_dropout, lora_lr: RFT dropout and peak learning rate (official code: 0.05 and
             AdamW 2e-4).

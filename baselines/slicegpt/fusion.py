@@ -42,7 +42,7 @@ class FusionInfo:
 
 
 def norm_kind(norm: nn.Module) -> str:
-    """``"layernorm"`` for a norm with a mean subtraction (nn.LayerNorm or a biased norm), else ``"rms"``."""
+    """``"layernorm"`` for a mean-subtracting norm (nn.LayerNorm, biased norms), else ``"rms"``."""
     if isinstance(norm, nn.LayerNorm) or getattr(norm, "bias", None) is not None:
         return "layernorm"
     if getattr(norm, "weight", None) is None:
@@ -68,7 +68,8 @@ def untie_head(model: nn.Module, adapter: ArchAdapter) -> bool:
     if not is_tied(model, adapter):
         return False
     head = adapter.lm_head(model)
-    head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+    head.weight = nn.Parameter(head.weight.detach().clone(),
+                               requires_grad=head.weight.requires_grad)
     model.config.tie_word_embeddings = False
     if hasattr(model, "all_tied_weights_keys"):
         model.all_tied_weights_keys = {}
@@ -76,7 +77,7 @@ def untie_head(model: nn.Module, adapter: ArchAdapter) -> bool:
 
 
 def _fold_into_inputs(norm: nn.Module, linears: list[nn.Linear]) -> None:
-    """``W ← W diag(α)``, ``b ← b + W β`` (float64 arithmetic, in place) for readers of ``norm``."""
+    """``W ← W diag(α)``, ``b ← b + W β`` (float64, in place) for the readers of ``norm``."""
     alpha = norm.weight.detach().double()
     beta = getattr(norm, "bias", None)
     for lin in linears:
@@ -123,8 +124,10 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
         e.copy_(e.double() - e.double().mean(-1, keepdim=True))
     for i, layer in enumerate(layers):
         attn, mlp = adapter.attn(layer), adapter.mlp(layer)
-        _fold_into_inputs(adapter.input_norm(layer), [getattr(attn, n) for n in adapter.attn_in_linears])
-        _fold_into_inputs(adapter.post_attn_norm(layer), [getattr(mlp, n) for n in adapter.mlp_in_linears])
+        _fold_into_inputs(adapter.input_norm(layer),
+                          [getattr(attn, n) for n in adapter.attn_in_linears])
+        _fold_into_inputs(adapter.post_attn_norm(layer),
+                          [getattr(mlp, n) for n in adapter.mlp_in_linears])
         if kind == "layernorm":
             for lin in [getattr(attn, n) for n in adapter.attn_out_linears] + \
                        [getattr(mlp, n) for n in adapter.mlp_out_linears]:
@@ -134,7 +137,8 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
             block.attention_type = layer.attention_type
         layers[i] = block
     final = adapter.final_norm(model)
-    alpha = None if getattr(final, "bias", None) is not None else final.weight.detach().double().clone()
+    has_shift = getattr(final, "bias", None) is not None
+    alpha = None if has_shift else final.weight.detach().double().clone()
     if not keep_tied:
         _fold_into_inputs(final, [adapter.lm_head(model)])
     set_module(model, adapter.final_norm_path, RMSN(hidden, eps))

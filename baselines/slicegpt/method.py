@@ -56,10 +56,10 @@ def plan_for(model: nn.Module, adapter: ArchAdapter, cfg: SliceGPTConfig, head: 
 
 
 def _check_windows(calibration: Any) -> torch.Tensor:
-    if not isinstance(calibration, torch.Tensor) or calibration.dim() != 2 \
-            or calibration.dtype != torch.long or calibration.shape[0] < 1 or calibration.shape[1] < 2:
-        got = (tuple(calibration.shape), calibration.dtype) if isinstance(calibration, torch.Tensor) \
-            else type(calibration).__name__
+    ok = isinstance(calibration, torch.Tensor)
+    if not ok or calibration.dim() != 2 or calibration.dtype != torch.long \
+            or calibration.shape[0] < 1 or calibration.shape[1] < 2:
+        got = (tuple(calibration.shape), calibration.dtype) if ok else type(calibration).__name__
         raise ValueError(f"slicegpt needs calibration token windows as a LongTensor [N, T] "
                          f"with N ≥ 1, T ≥ 2; got {got}")
     return calibration
@@ -92,16 +92,16 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
         "target": cfg.target, "ratio_requested": cfg.ratio, "width": width,
         "slicing_fraction": round(1 - width / model.config.hidden_size, 6), "head": head,
         "dense_parameters": dense, "predicted_parameters": predicted, "parameters": after,
-        "predicted_ratio": round(1 - predicted / dense, 6), "achieved_ratio": round(1 - after / dense, 6),
+        "predicted_ratio": round(1 - predicted / dense, 6),
+        "achieved_ratio": round(1 - after / dense, 6),
         "calibration": {"n_windows": int(windows.shape[0]), "seq_len": int(windows.shape[1])},
         "slice_seconds": round(seconds, 3),
         "process_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         **diag,
     }
-    if cfg.recovery == "lora":
-        info["recovery"] = {"recipe": "lora", "rank": cfg.lora_rank, "alpha": cfg.lora_alpha,
-                            "dropout": cfg.lora_dropout, "lr": cfg.lora_lr,
-                            "targets": list(RFT_TARGETS)}
+    info["recovery"] = {"recipe": "none"} if cfg.recovery == "none" else {
+        "recipe": "lora", "rank": cfg.lora_rank, "alpha": cfg.lora_alpha,
+        "dropout": cfg.lora_dropout, "lr": cfg.lora_lr, "targets": list(RFT_TARGETS)}
     return CompressionResult(model=model, structure=structure, info=info)
 
 
@@ -136,10 +136,12 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
         set_shortcut(block, "mlp", torch.empty(d_mid, d_out))
         layers[i] = block
     embed, head = adapter.embed(model), adapter.lm_head(model)
-    embed.weight = nn.Parameter(torch.empty(embed.weight.shape[0], plan.embed, dtype=embed.weight.dtype))
+    embed.weight = nn.Parameter(torch.empty(embed.weight.shape[0], plan.embed,
+                                            dtype=embed.weight.dtype))
     embed.embedding_dim = plan.embed
     if plan.head == "tied":
-        set_module(model, adapter.final_norm_path, ProjectedRMSN(hidden, eps, plan.out[-1], plan.embed))
+        final = ProjectedRMSN(hidden, eps, plan.out[-1], plan.embed)
+        set_module(model, adapter.final_norm_path, final)
         head.weight, head.in_features = embed.weight, plan.embed
     else:
         set_module(model, adapter.final_norm_path, RMSN(hidden, eps))

@@ -78,7 +78,7 @@ class SlicedBlock(GradientCheckpointingLayer):
         return getattr(self, self.names[key])
 
     def attn_residual(self, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        """``x @ S_attn + attn(RMSN(x))``; ``kwargs`` are the decoder layer's (mask, rope, cache)."""
+        """``x @ S_attn + attn(RMSN(x))``; ``kwargs``: the decoder layer's (mask, rope, cache)."""
         out = self._part("attn")(hidden_states=self._part("input_norm")(x), **kwargs)
         out = out[0] if isinstance(out, tuple) else out
         return (x if self.attn_shortcut is None else self.attn_shortcut(x)) + out

@@ -13,7 +13,8 @@ class SecondMoment:
     Only ``H [D, D]`` is kept (in ``dtype``), so signals can be fed batch by batch.
     """
 
-    def __init__(self, dim: int, dtype: str = "float64", device: str | torch.device = "cpu") -> None:
+    def __init__(self, dim: int, dtype: str = "float64",
+                 device: str | torch.device = "cpu") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"pca dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         self.dtype = DTYPES[dtype]
@@ -29,7 +30,7 @@ class SecondMoment:
         self.tokens += flat.shape[0]
 
     def basis(self, damping: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eigenvectors ``Q [D, D]`` (columns, float64) by decreasing eigenvalue, and the eigenvalues.
+        """Eigenvectors ``Q [D, D]`` (columns, float64) by decreasing eigenvalue, and eigenvalues.
 
         ``damping · mean(diag H)`` is added to the diagonal first (official: 1 %).
 
@@ -40,7 +41,8 @@ class SecondMoment:
             raise ValueError("no tokens were accumulated (all positions masked?)")
         h = self.h.clone()
         if not torch.isfinite(h).all():
-            raise ValueError("the second moment is not finite (the model overflowed on calibration)")
+            raise ValueError("the second moment is not finite (the model overflowed on the "
+                             "calibration windows)")
         h.diagonal().add_(damping * h.diagonal().mean())
         vals, vecs = torch.linalg.eigh(h)
         order = torch.argsort(vals, descending=True)

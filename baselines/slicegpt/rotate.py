@@ -22,7 +22,8 @@ from tqdm.auto import tqdm
 from baselines.slicegpt.accounting import Plan
 from baselines.slicegpt.config import SliceGPTConfig
 from baselines.slicegpt.fusion import FusionInfo, set_module
-from baselines.slicegpt.modules import ProjectedRMSN, SlicedBlock, matmul_rows, set_linear, set_shortcut
+from baselines.slicegpt.modules import (ProjectedRMSN, SlicedBlock, matmul_rows, set_linear,
+                                        set_shortcut)
 from baselines.slicegpt.pca import SecondMoment, kept_energy, random_orientation
 from flexigpt.models.adapters import ArchAdapter
 
@@ -89,8 +90,9 @@ def _writers(parent: nn.Module, names: tuple[str, ...], q: torch.Tensor) -> None
 class _Slicer:
     """State of one rotate-and-slice run (CPU buffer, batches, PCA settings, model device)."""
 
-    def __init__(self, cfg: SliceGPTConfig, buffer: torch.Tensor, batch_kwargs: list[dict[str, Any]],
-                 mask: torch.Tensor | None, device: torch.device) -> None:
+    def __init__(self, cfg: SliceGPTConfig, buffer: torch.Tensor,
+                 batch_kwargs: list[dict[str, Any]], mask: torch.Tensor | None,
+                 device: torch.device) -> None:
         self.cfg, self.buffer, self.kwargs, self.mask = cfg, buffer, batch_kwargs, mask
         self.device = device
         self.gen = torch.Generator().manual_seed(cfg.seed)
@@ -119,7 +121,8 @@ class _Slicer:
         """``buffer[..., :width] ← buffer @ Q_width`` in place, batch by batch (full-D inputs)."""
         qd = q[:, :width].to(device=self.device, dtype=self.buffer.dtype)
         for sl, _, _ in self.batches():
-            self.buffer[sl, :, :width] = (self.read(sl, self.buffer.shape[-1]) @ qd).to(self.buffer.device)
+            rotated = self.read(sl, self.buffer.shape[-1]) @ qd
+            self.buffer[sl, :, :width] = rotated.to(self.buffer.device)
 
 
 @torch.no_grad()

@@ -12,10 +12,13 @@ how the token-level requests are computed:
 * the LM head runs only at scored positions (``logits_to_keep`` with a boolean mask);
 * optional bf16 autocast (default fp32); log-softmax is always taken in fp32.
 
-Results equal stock ``HFLM`` up to float rounding (|Δ logprob| ≲ 1e-5 in fp32), with the same
-``is_greedy``; results come back in request order and go to ``cache_hook``. On its first call
-the scorer checks ``verify`` requests against the stock path and, if a model ignores the
-custom mask or position ids, falls back to the stock path (``fallback_reason`` says why).
+Results equal stock ``HFLM`` up to float rounding, with the same ``is_greedy``. Measured on
+SmolLM2-135M, fp32, 3,198 requests of the five paper tasks: max |Δ logprob| 1.03e-4 (mean
+~1e-5), where stock HFLM itself moves by up to 5.3e-5 between batch sizes 1 and 16; tiny
+test models stay below 1e-4. Results come back in request order and go to ``cache_hook``.
+On its first call the scorer checks ``verify`` requests against the stock path and, if a
+model ignores the custom mask or position ids, falls back to the stock path
+(``fallback_reason`` says why).
 ``loglikelihood_rolling`` and ``generate_until`` are stock.
 """
 

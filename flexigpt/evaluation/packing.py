@@ -6,7 +6,8 @@ multiple-choice question share their context; WinoGrande's two sentences share e
 to the blank) are inserted into one token trie, so every shared token is run through the model
 once. A trie is flattened into a *row*: node ``i`` sits at position id ``depth(i)`` and attends
 to exactly its ancestors and itself, which reproduces, token for token, the causal attention
-each request would see in its own unpadded sequence.
+each request would see in its own unpadded sequence (up to float rounding: the attention
+reductions run over a longer, partly masked key range).
 
 Shapes: a row holds ``n`` nodes; its mask is ``[n, n]`` (numpy bool, True = may attend).
 """

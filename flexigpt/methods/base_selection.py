@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from flexigpt.methods.surgery import _svd
+from flexigpt.methods.surgery import thin_svd
 from flexigpt.models.adapters import ArchAdapter
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def truncations(weights: torch.Tensor, rank: int, svd_dtype: torch.dtype,
     """
     us_parts, v_parts = [], []
     for start in range(0, weights.shape[0], chunk):
-        u, s, vh = _svd(weights[start:start + chunk].to(svd_dtype))
+        u, s, vh = thin_svd(weights[start:start + chunk].to(svd_dtype))
         us_parts.append(u[..., :rank] * s[..., None, :rank])
         v_parts.append(vh[..., :rank, :].mT)
     return torch.cat(us_parts), torch.cat(v_parts)

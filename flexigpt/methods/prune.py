@@ -6,7 +6,8 @@ weight-shared replacement block at the pruned position (depth unchanged): the ba
 linears (same storage) + block-specific LoRA initialised from the SVD of W_pruned − W_base
 (Eq. 7–8) + output LayerNorms with small γ (Eq. 6). The pruned weights are used only for
 selection and initialisation and are then dropped. Every choice the paper leaves open is a
-field of :class:`FlexiGPTConfig` and so lands in the manifest.
+field of :class:`FlexiGPTConfig` and so lands in the manifest. Linear biases (Qwen2 q/k/v)
+are shared with the base like the weights; the LoRA adapters do not model their difference.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ attention and MLP wrapped in :class:`OutputNorm`. The same functions build the r
 from __future__ import annotations
 
 import copy
-import logging
 import math
 
 import torch
@@ -17,8 +16,6 @@ from torch import nn
 
 from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
 from flexigpt.models.adapters import ArchAdapter
-
-log = logging.getLogger(__name__)
 
 #: value used by OutputNorm as variance guard; recorded in every structure
 OUTPUT_NORM_EPS = 1e-6
@@ -105,7 +102,7 @@ def repeat_shell(block: nn.Module, adapter: ArchAdapter, config: object) -> nn.M
     return copy.deepcopy(block, memo)
 
 
-def _svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def thin_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Thin SVD ``U [m,q], S [q], Vh [q,n]``; wide matrices are decomposed transposed (faster)."""
     if matrix.shape[-2] < matrix.shape[-1]:
         u, s, vh = torch.linalg.svd(matrix.mT, full_matrices=False)
@@ -125,7 +122,7 @@ def init_svd_(module: SharedLoRALinear, pruned_weight: torch.Tensor,
     """
     base = module.base_layer.weight
     delta = pruned_weight.to(svd_dtype) - base.to(svd_dtype)
-    u, s, vh = _svd(delta)
+    u, s, vh = thin_svd(delta)
     r = module.rank
     module.lora_B.copy_((u[:, :r] * s[:r]) / module.scaling)
     module.lora_A.copy_(vh[:r])
