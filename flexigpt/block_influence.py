@@ -7,6 +7,8 @@ entering block i and X_{i+1} the one leaving it, captured with forward hooks on 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -80,3 +82,41 @@ def lowest_blocks(scores: list[float], k: int) -> list[int]:
         raise ValueError(f"cannot prune {k} of {len(scores)} blocks: need 0 < k < {len(scores)}")
     order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
     return sorted(order[:k])
+
+
+def validate_scores(scores: object) -> list[float] | None:
+    """Config-edge check of precomputed scores (``bi_scores`` options): None or finite floats.
+
+    Raises:
+        ValueError: not a non-empty list of finite numbers.
+    """
+    if scores is None:
+        return None
+    if (not isinstance(scores, (list, tuple)) or not scores
+            or any(isinstance(s, bool) or not isinstance(s, (int, float)) for s in scores)
+            or not all(math.isfinite(s) for s in scores)):
+        raise ValueError(f"bi_scores must be a non-empty list of finite numbers (one per "
+                         f"block), got {scores!r}")
+    return [float(s) for s in scores]
+
+
+def scores_for(model: nn.Module, windows: torch.Tensor | None, precomputed: list[float] | None,
+               batch_size: int = 4) -> list[float]:
+    """``precomputed`` Block Influence if given (checked against the depth), else computed.
+
+    The DAG computes BI once per model and passes it to every method that ranks blocks, so
+    FlexiGPT and ShortGPT prune from the same scores.
+
+    Raises:
+        ValueError: ``precomputed`` has a different length than the model has blocks, or
+            neither scores nor calibration windows were given.
+    """
+    n_blocks = len(get_adapter(model).layers(model))
+    if precomputed is not None:
+        if len(precomputed) != n_blocks:
+            raise ValueError(f"bi_scores has {len(precomputed)} entries but the model has "
+                             f"{n_blocks} blocks")
+        return list(precomputed)
+    if windows is None or windows.numel() == 0:
+        raise ValueError("Block Influence needs calibration windows (or bi_scores)")
+    return block_influence(model, windows, batch_size=batch_size)

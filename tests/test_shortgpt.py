@@ -158,3 +158,27 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="calibration"):
         method = get_method("shortgpt")
         method.compress(make_model(), None, None, method.make_config())
+
+
+@pytest.mark.parametrize("name", ["shortgpt", "flexigpt"])
+def test_precomputed_block_influence_is_used(name):
+    """``bi_scores`` (the DAG's shared BI) gives the same pruning as computing it; bad → error."""
+    from flexigpt.block_influence import block_influence
+
+    model = make_model(layers=5)
+    scores = block_influence(model, _calib())
+    computed = _run(name, copy.deepcopy(model), ratio=0.4)
+    shared = get_method(name).compress(copy.deepcopy(model), None, None,
+                                       get_method(name).make_config(ratio=0.4,
+                                                                    bi_scores=scores))
+    assert shared.info["block_influence"] == computed.info["block_influence"]
+    assert shared.structure == computed.structure
+    reversed_scores = get_method(name).compress(
+        copy.deepcopy(model), None, None,
+        get_method(name).make_config(ratio=0.4, bi_scores=[-s for s in scores]))
+    assert reversed_scores.structure != computed.structure  # the given scores decide
+    with pytest.raises(ValueError, match="bi_scores has 4 entries but the model has 5"):
+        get_method(name).compress(copy.deepcopy(model), None, None,
+                                  get_method(name).make_config(ratio=0.4, bi_scores=scores[:4]))
+    with pytest.raises(ValueError, match="finite"):
+        get_method(name).make_config(bi_scores=[0.1, float("nan")])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flexigpt.block_influence import validate_scores
 from flexigpt.registry import validate_ratio
 
 POLICIES = ("matched", "paper")
@@ -21,14 +22,18 @@ class ShortGPTConfig:
             ``"paper"``: k = int(ratio · L), the FlexiGPT paper's label (9 of 32 blocks for
             "30 %" on LLaMA-2-7B, which is 27 % of its parameters).
         batch_size: sequences per forward pass when computing Block Influence.
+        bi_scores: precomputed Block Influence, one per block (the DAG shares FlexiGPT's);
+            None computes it from the calibration windows.
     """
 
     ratio: float = 0.3
     policy: str = "matched"
     batch_size: int = 4
+    bi_scores: list[float] | None = None
 
     def __post_init__(self) -> None:
         self.ratio = validate_ratio(self.ratio)
+        self.bi_scores = validate_scores(self.bi_scores)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:

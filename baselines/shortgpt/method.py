@@ -23,7 +23,7 @@ from torch import nn
 
 from baselines.shortgpt.config import ShortGPTConfig, ShortGPTLoRAConfig
 from flexigpt.artifacts import empty_model
-from flexigpt.block_influence import block_influence, lowest_blocks
+from flexigpt.block_influence import lowest_blocks, scores_for
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import compression_ratio, count_parameters
 from flexigpt.registry import CompressionResult, Method
@@ -93,12 +93,10 @@ def lora_budget(adapter: ArchAdapter, removed: list[nn.Module], remaining: list[
 def remove_blocks(model: nn.Module, calibration: Any, cfg: ShortGPTConfig
                   ) -> tuple[CompressionResult, list[nn.Module], list[nn.Module]]:
     """Score, choose and delete blocks in place; returns the result and (removed, kept)."""
-    if calibration is None:
-        raise ValueError("ShortGPT needs calibration windows to compute Block Influence")
     adapter = get_adapter(model)
     blocks = list(adapter.layers(model))
     start = time.perf_counter()
-    scores = block_influence(model, calibration, batch_size=cfg.batch_size)
+    scores = scores_for(model, calibration, cfg.bi_scores, batch_size=cfg.batch_size)
     k, expected = choose_k(model, scores, cfg)
     removed = lowest_blocks(scores, k)
     kept = [b for i, b in enumerate(blocks) if i not in removed]

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from flexigpt.artifacts import empty_model
-from flexigpt.block_influence import block_influence, lowest_blocks
+from flexigpt.block_influence import lowest_blocks, scores_for, validate_scores
 from flexigpt.methods.base_selection import DISTANCES, select_bases
 from flexigpt.methods.surgery import (OUTPUT_NORM_EPS, adapter_numel, default_rank,
                                       init_standard_, init_svd_, linear_numel, matrix_ranks,
@@ -74,6 +74,8 @@ class FlexiGPTConfig:
             own (2·d params each) or ``share`` reuses the base block's modules.
         svd_dtype: dtype of all SVDs (selection and initialisation).
         bi_batch_size: sequences per forward when scoring Block Influence.
+        bi_scores: precomputed Block Influence, one per block (the DAG computes it once per
+            model); None computes it from the calibration windows.
     """
 
     ratio: float = 0.3
@@ -87,9 +89,11 @@ class FlexiGPTConfig:
     prenorm: str = "copy"
     svd_dtype: str = "float32"
     bi_batch_size: int = 4
+    bi_scores: list[float] | None = None
 
     def __post_init__(self) -> None:
         self.ratio = validate_ratio(self.ratio)
+        self.bi_scores = validate_scores(self.bi_scores)
         _choice(self.policy, POLICIES, "policy")
         _positive_int_or_none(self.rank, "rank")
         _choice(self.distance, DISTANCES, "distance")
@@ -158,8 +162,6 @@ def blocks_to_prune(ratio: float, policy: str, n_blocks: int, dense_params: int,
 def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
              cfg: FlexiGPTConfig) -> CompressionResult:
     """Prune ``model`` in place with FlexiGPT (see module docstring)."""
-    if calibration is None or calibration.numel() == 0:
-        raise ValueError("FlexiGPT needs calibration windows for Block Influence")
     t_start = time.perf_counter()
     adapter = get_adapter(model)
     blocks = adapter.layers(model)
@@ -174,7 +176,7 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    scores = block_influence(model, calibration, batch_size=cfg.bi_batch_size)
+    scores = scores_for(model, calibration, cfg.bi_scores, batch_size=cfg.bi_batch_size)
     timings["block_influence"] = time.perf_counter() - t0
     pruned = lowest_blocks(scores, k)
     log.info("pruning %d of %d blocks: %s", k, len(blocks), pruned)
