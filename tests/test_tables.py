@@ -243,3 +243,21 @@ def test_malformed_figure_and_timing_inputs_fail_first(tmp_path: Path) -> None:
     expected = r"timing.json: missing required key 'rows\[1\].relative_time'"
     with pytest.raises(ResultFileError, match=expected):
         build_all(None, tmp_path / "out", results=files, timings=[bad], make_plots=False)
+
+
+def test_only_flexigpt_manifests_feed_the_base_map_plot(tmp_path) -> None:
+    """ShortGPT manifests also record Block Influence but have no replacements to plot."""
+    from flexigpt.tables.collect import read_flexigpt_manifest
+
+    info = {"block_influence": [0.3, 0.1, 0.2], "removed_blocks": [1]}
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"method": "shortgpt", "info": info, "config": {"ratio": 0.3}}))
+    assert read_flexigpt_manifest(short) is None
+    flex = tmp_path / "flex.json"
+    flex.write_text(json.dumps({"method": "flexigpt", "config": {"ratio": 0.3},
+                                "info": {"block_influence": [0.3, 0.1, 0.2],
+                                         "pruned_blocks": [1], "base_map": {"1": 2}}}))
+    assert read_flexigpt_manifest(flex)["base_map"] == {1: 2}
+    flex.write_text(json.dumps({"method": "flexigpt", "info": {"block_influence": [0.3]}}))
+    with pytest.raises(ResultFileError, match="pruned_blocks"):
+        read_flexigpt_manifest(flex)

@@ -245,8 +245,9 @@ def read_flexigpt_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(path)
     data = read_json(path)
     info = data.get("info") if isinstance(data, dict) else None
-    if not isinstance(info, dict) or "block_influence" not in info:
-        return None
+    if (not isinstance(info, dict) or data.get("method") != "flexigpt"
+            or "block_influence" not in info):
+        return None  # ShortGPT records BI too, but has no replacements to plot
     scores = _need(path, info, "block_influence", list, "info.")
     pruned = _need(path, info, "pruned_blocks", list, "info.")
     base_map = info.get("base_map") or {}
