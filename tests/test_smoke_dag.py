@@ -12,23 +12,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from flexigpt.workflow import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
-SINGLE_THREADED = ("block_influence", "compress", "train", "evaluate", "inference_cost")
 
 
-@pytest.mark.slow
 def test_smoke_dag_end_to_end(tmp_path):
     (ROOT / "resources").mkdir(exist_ok=True)
     (tmp_path / "resources").symlink_to(ROOT / "resources")
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-           "--configfile", str(ROOT / "config/smoke.yaml"), "--cores", "2",
-           # tiny models: two single-threaded jobs at a time beat one two-threaded job
-           "--resources", "gpu=2", "--set-threads", *(f"{rule}=1" for rule in SINGLE_THREADED)]
+           "--configfile", str(ROOT / "config/smoke.yaml"), "--cores", "2"]
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     logs = sorted((tmp_path / "logs").rglob("*.log")) if (tmp_path / "logs").exists() else []
     failed = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in logs if "Error" in p.read_text())

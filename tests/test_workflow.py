@@ -54,6 +54,7 @@ def test_schema_methods_match_registry():
     (lambda c: c["methods"].update(magic_pruner={}), "magic_pruner"),
     (lambda c: c.update(ratios=[1.5]), "1.5"),
     (lambda c: c["evaluation"].update(tasks=["mmlu"]), "mmlu"),
+    (lambda c: c["jobs"].update(gpu=2), "gpu"),
 ])
 def test_bad_config_rejected_before_any_job(mutate, message, tmp_path):
     cfg = load("config/smoke.yaml")

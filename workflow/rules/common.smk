@@ -10,6 +10,8 @@ from flexigpt.workflow import RunGrid
 validate(config, schema="../schemas/config.schema.yaml")
 GRID = RunGrid.from_config(config)
 CODE_VERSION = code_version()
+JOB_THREADS = config.get("jobs", {}).get("threads", 2)  # torch threads of each heavy job
+JOB_GPU = config.get("jobs", {}).get("gpu", 1)  # `gpu` resource units each heavy job holds
 
 
 wildcard_constraints:

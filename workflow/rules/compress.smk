@@ -14,10 +14,10 @@ rule compress:
         "logs/{model}/{method}/{variant}/{setting}/compress.log",
     benchmark:
         "benchmarks/{model}/{method}/{variant}/{setting}/compress.tsv"
-    threads: 2
+    threads: JOB_THREADS
     resources:
         mem_mb=8000,
-        gpu=1,
+        gpu=JOB_GPU,
     conda:
         "../../environment.yml"
     script:

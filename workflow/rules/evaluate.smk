@@ -14,10 +14,10 @@ rule evaluate:
         "logs/{model}/{method}/{variant}/{setting}/eval_{stage}.log",
     benchmark:
         "benchmarks/{model}/{method}/{variant}/{setting}/eval_{stage}.tsv"
-    threads: 2
+    threads: JOB_THREADS
     resources:
         mem_mb=8000,
-        gpu=1,
+        gpu=JOB_GPU,
     conda:
         "../../environment.yml"
     script:
@@ -34,9 +34,10 @@ rule inference_cost:
         code=CODE_VERSION,
     log:
         "logs/{model}/inference.log",
-    threads: 2
+    # every local core (capped): no other job shares the CPU while latencies are timed
+    threads: min(workflow.cores, 16)
     resources:
-        gpu=1,
+        gpu=JOB_GPU,
     conda:
         "../../environment.yml"
     script:

@@ -68,7 +68,7 @@ rule block_influence:
         "logs/{model}/block_influence.log",
     benchmark:
         "benchmarks/{model}/block_influence.tsv"
-    threads: 2
+    threads: JOB_THREADS
     conda:
         "../../environment.yml"
     script:

@@ -15,10 +15,10 @@ rule train:
         "logs/{model}/{method}/{variant}/{setting}/train.log",
     benchmark:
         "benchmarks/{model}/{method}/{variant}/{setting}/train.tsv"
-    threads: 2
+    threads: JOB_THREADS
     resources:
         mem_mb=12000,
-        gpu=1,
+        gpu=JOB_GPU,
     conda:
         "../../environment.yml"
     script:
