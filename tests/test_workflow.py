@@ -104,3 +104,22 @@ def test_grid_partial_and_errors():
         RunGrid.from_config(bad)
     with pytest.raises(ValueError, match="no run"):
         grid.run("tiny-llama", "flexigpt", "default", "r0.3")
+
+
+def test_dag_times_summarises_benchmark_files(tmp_path):
+    """benchmarks/dag_times.py groups Snakemake benchmark files by rule."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from dag_times import rule_times, summary
+
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    for job, rule, seconds in (("a/r0.3", "train", 30.0), ("b/r0.4", "train", 10.0),
+                               ("a/r0.3", "compress", 5.0)):
+        (tmp_path / job).mkdir(parents=True, exist_ok=True)
+        (tmp_path / job / f"{rule}.tsv").write_text(
+            header + f"{seconds}\t0:00:{int(seconds):02d}\t100.5\t1\t1\t1\t0\t0\t90\t{seconds}\n")
+    table = summary(rule_times(tmp_path))
+    assert list(table.index) == ["train", "compress"]
+    assert table.loc["train", "jobs"] == 2 and table.loc["train", "total_s"] == 40
+    assert table.loc["train", "slowest"] == "a/r0.3" and table.loc["train", "share"] == "89%"
+    with pytest.raises(FileNotFoundError, match="no benchmark"):
+        rule_times(tmp_path / "empty")
