@@ -212,6 +212,14 @@ class RunGrid:
     def eval_targets(self) -> list[str]:
         return [run.eval_json(stage) for run in self.runs.values() for stage in run.stages()]
 
+    def figure_inputs(self) -> dict[str, list[str]]:
+        """This grid's FlexiGPT manifests and training logs (files inside directory outputs,
+        so passed as params): figures never pick up other runs under ``results/``."""
+        return {"manifests": [f"{run.prefix}/compressed/manifest.json"
+                              for run in self.runs.values() if run.method == "flexigpt"],
+                "train_logs": [f"{run.prefix}/trained/train_log.csv"
+                               for run in self.runs.values() if run.recovery]}
+
     def inference_runs(self, model: str) -> dict[str, Run]:
         """Models timed together for Tables 6/7: dense, ShortGPT and FlexiGPT at the first
         ratio, and the extensions (each only if present in the grid)."""

@@ -46,6 +46,13 @@ def test_discovery_classifies_by_content() -> None:
     assert not any(p.name in ("config.json", "samples_arc_easy.json") for p in found.results)
 
 
+def test_discovery_skips_json_without_result_schema(tmp_path) -> None:
+    """A benchmark-script JSON with task scores next to the results is not a result."""
+    shutil.copytree(EVAL, tmp_path / "eval")
+    (tmp_path / "bench.json").write_text(json.dumps({"tasks": {"piqa": {"speedup": 2.0}}}))
+    assert len(discover(tmp_path).results) == len(discover(EVAL).results)
+
+
 def test_golden_set_is_complete(built) -> None:
     out, _ = built
     produced = sorted(p.name for p in out.glob("*.md"))

@@ -74,6 +74,12 @@ def test_grid_of_default_config():
     for m in ("shortgpt", "shortgpt_lora", "slicegpt", "llm_pruner", "flexigpt"):
         assert {(m, "default", "r0.3"), (m, "default", "r0.4")} <= methods
     assert ("flexigpt", "no_outnorm", "r0.3") in methods
+    figures = grid.figure_inputs()  # only this grid's files feed the figures
+    assert "results/smollm2-135m/flexigpt/default/r0.4/compressed/manifest.json" in figures[
+        "manifests"]
+    assert "results/smollm2-135m/shortgpt_lora/default/r0.3/trained/train_log.csv" in figures[
+        "train_logs"]
+    assert not any("/shortgpt/" in p or "slicegpt" in p for p in sum(figures.values(), []))
     assert {("flexigpt_extend", "block", "L45"), ("flexigpt_extend", "sequential", "L45"),
             ("dense", "trained", "full"), ("dense", "default", "full")} <= methods
     flexi = grid.run("smollm2-135m", "flexigpt", "default", "r0.3")

@@ -4,6 +4,7 @@ Schema 1 (``flexigpt/tables`` reads it)::
 
     {"schema": 1, "model_dir", "method" ("dense" without manifest), "manifest_hash"|null,
      "num_layers", "parameters": {"dense", "compressed", "achieved_ratio"},
+     "trained_tokens" (recovery / continued-training tokens in the manifest history),
      "perplexity": {"value", "text", "text_sha256", "seq_len", "n_windows", "n_tokens",
                     "seconds"} | null,
      "tasks": {<task>: {"metric", "value" (0–1), "stderr", "metrics", "n_docs", "limit",
@@ -122,6 +123,8 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
         "method": manifest["method"] if manifest else "dense",
         "manifest_hash": manifest_hash(manifest) if manifest else None,
         "num_layers": int(model.config.num_hidden_layers), "parameters": params,
+        "trained_tokens": sum(int(h.get("tokens") or 0) for h in (manifest or {}).get(
+            "history", []) if h.get("stage") == "train"),
         "perplexity": None, "tasks": {},
         "lm_eval": {"version": importlib.metadata.version("lm_eval"), "num_fewshot": 0,
                     "batch_size": cfg.batch_size, "backend": cfg.backend, "config": {}},

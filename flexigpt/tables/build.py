@@ -21,9 +21,9 @@ log = logging.getLogger(__name__)
 
 TASK_HEADERS = {"arc_easy": "ARC-e", "arc_challenge": "ARC-c", "piqa": "PIQA",
                 "winogrande": "WinoG.", "hellaswag": "HellaS."}
-METHOD_LABELS = {"dense": "Dense", "slicegpt": "SliceGPT", "llm_pruner": "LLM-Pruner*",
-                 "shortgpt": "ShortGPT", "shortgpt_lora": "ShortGPT + LoRA*",
-                 "flexigpt": "FlexiGPT*", "flexigpt_extend": "FlexiGPT extension"}
+METHOD_LABELS = {"dense": "Dense", "slicegpt": "SliceGPT", "llm_pruner": "LLM-Pruner",
+                 "shortgpt": "ShortGPT", "shortgpt_lora": "ShortGPT + LoRA",
+                 "flexigpt": "FlexiGPT", "flexigpt_extend": "FlexiGPT extension"}
 METHOD_ORDER = list(METHOD_LABELS)
 #: FlexiGPT variants that are Table 4 ablations (kept out of Table 1), in the paper's order.
 ABLATIONS = {"no_lowrank": "Ablate high-rank prune (no low-rank truncation)",
@@ -33,7 +33,7 @@ EXTENSION_LABELS = {("dense", "default"): "Base", ("dense", "trained"):
                     "Base trained on the same tokens (control)",
                     ("flexigpt_extend", "block"): "FlexiGPT (Block)",
                     ("flexigpt_extend", "sequential"): "FlexiGPT (Sequential)"}
-RECOVERY_NOTE = "* = after recovery training (stage \"final\")."
+RECOVERY_NOTE = "* = after recovery training (the evaluated model was trained)."
 PAPER_NOTES = {
     1: "Paper: PPL on the MiniPile validation split; * = 1B-token SlimPajama recovery.",
     4: "Paper: LLaMA-2 7B at 30%, 1B-token recovery; PPL on the MiniPile validation split.",
@@ -54,7 +54,7 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     tasks = [c.split(":", 1)[1] for c in df.columns if c.startswith("metric:")]
     numeric = ["num_layers", "params_dense", "params_compressed", "achieved_ratio", "ppl",
                *TASKS, *[t for t in tasks if t not in TASKS], "avg"]
-    meta = [c for c in df.columns if ":" in c or c in ("ppl_text", "ppl_seq_len")]
+    meta = [c for c in df.columns if ":" in c or c in ("ppl_text", "ppl_seq_len", "trained")]
     groups = df.groupby(list(SETTING_KEYS), dropna=False, sort=False)
     out = groups[numeric].mean()
     out["n_seeds"] = groups.size()
@@ -191,7 +191,8 @@ def table1(agg: pd.DataFrame, pub: pd.DataFrame, model: str) -> Table | None:
         log.info("table 1 for %s: no compressed results; skipped", model)
         return None
     ours = _order(rows).reset_index(drop=True)
-    label = pd.Series([method_label(m, v) for m, v in zip(ours["method"], ours["variant"])])
+    label = pd.Series([method_label(m, v) + ("*" if t is True else "")
+                       for m, v, t in zip(ours["method"], ours["variant"], ours["trained"])])
     frame = metric_frame(ours, label, {"Ratio": ours["ratio"] * 100,
                                        "Achieved": ours["achieved_ratio"] * 100,
                                        "Layers": ours["num_layers"]})

@@ -65,8 +65,8 @@ def read_json(path: str | os.PathLike) -> Any:
 def discover(results_dir: str | os.PathLike) -> Inputs:
     """Find result/timing JSONs, ``train_log.csv`` files and FlexiGPT manifests.
 
-    JSONs are classified by content: any of ``labels``/``tasks``/``perplexity`` →
-    evaluation result; ``rows`` with ``schema`` or ``batch`` → timing. Hidden
+    JSONs are classified by content: ``schema`` and ``labels`` → evaluation result (other
+    JSONs with task scores, e.g. benchmark-script outputs, are not results); ``rows`` with ``schema`` or ``batch`` → timing. Hidden
     directories, HF checkpoint files and files over 20 MiB are skipped. A JSON that does
     not parse is an error (it names the file).
     """
@@ -87,7 +87,7 @@ def discover(results_dir: str | os.PathLike) -> Inputs:
             data = read_json(path)
             if not isinstance(data, dict):
                 continue
-            if data.keys() & {"labels", "tasks", "perplexity"}:
+            if {"schema", "labels"} <= data.keys():
                 found.results.append(path)  # validated strictly later (schema included)
             elif "rows" in data and ("schema" in data or "batch" in data):
                 found.timings.append(path)
@@ -121,7 +121,7 @@ _NUM = (int, float)
 def parse_result(path: str | os.PathLike) -> dict[str, Any]:
     """One evaluation JSON → a flat row (task values in %, ratio None→0 for dense).
 
-    Row keys: file, model, method, variant, ratio, stage, seed, num_layers, params_dense,
+    Row keys: file, model, method, variant, ratio, stage, seed, trained, num_layers, params_dense,
     params_compressed, achieved_ratio, ppl, ppl_text, ppl_seq_len, one column per task
     (accuracy in %), ``metric:<task>``, ``n_docs:<task>``, ``limit:<task>``.
     """
@@ -148,6 +148,9 @@ def parse_result(path: str | os.PathLike) -> dict[str, Any]:
         "achieved_ratio": _need(path, params, "achieved_ratio", _NUM, "parameters.",
                                 nullable=True),
     }
+    trained = data.get("trained_tokens")  # absent in older files: the DAG's directory layout
+    row["trained"] = (bool(_need(path, data, "trained_tokens", int)) if trained is not None
+                      else Path(str(data.get("model_dir", ""))).name == "trained")
     if row["stage"] not in STAGES:
         raise ResultFileError(path, f"labels.stage must be one of {STAGES}, got {row['stage']!r}")
     if row["method"] == "dense":  # the uncompressed model: ratio 0 by definition

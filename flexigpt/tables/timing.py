@@ -30,7 +30,7 @@ _KINDS = {"Ratio": "pct0", "Seconds": "num3", "Tokens/s": "num0", "Norm. time": 
 def _label(method: str, variant: str) -> str:
     if method == "flexigpt_extend":
         return f"FlexiGPT ({variant})" if variant else "FlexiGPT"
-    return method_label(method, variant).rstrip("*") if method in METHOD_LABELS else method
+    return method_label(method, variant) if method in METHOD_LABELS else method
 
 
 def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: int) -> Table | None:

@@ -13,6 +13,7 @@ rule tables:
             category="Tables and figures",
         ),
     params:
+        figures=GRID.figure_inputs(),
         code=CODE_VERSION,
     log:
         "logs/tables.log",
