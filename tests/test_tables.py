@@ -268,3 +268,17 @@ def test_only_flexigpt_manifests_feed_the_base_map_plot(tmp_path) -> None:
     flex.write_text(json.dumps({"method": "flexigpt", "info": {"block_influence": [0.3]}}))
     with pytest.raises(ResultFileError, match="pruned_blocks"):
         read_flexigpt_manifest(flex)
+
+
+def test_recovery_plot_draws_the_ppl_before_training(tmp_path, monkeypatch) -> None:
+    """Step 0 has a held-out PPL but no loss: it must still appear in the PPL panel."""
+    from flexigpt.tables import plots
+
+    captured = {}
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, stem: captured.setdefault("fig", fig))
+    log_df = pd.DataFrame({"step": [0, 1, 2], "tokens": [0, 2048, 4096],
+                           "loss": [None, 4.0, 3.5], "lr": [None, 1e-3, 1e-4],
+                           "ppl": [140.0, None, 70.0]})
+    plots.recovery_curves({"flexigpt/r0.3": log_df}, tmp_path)
+    ppl_axis = captured["fig"].axes[1]
+    assert list(ppl_axis.lines[0].get_ydata()) == [140.0, 70.0]

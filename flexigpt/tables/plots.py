@@ -104,8 +104,8 @@ def recovery_curves(logs: dict[str, pd.DataFrame], out_dir: str | os.PathLike,
     with_ppl = any(df["ppl"].notna().any() for df in logs.values())
     fig = Figure(figsize=(11 if with_ppl else 6.5, 4))
     axes = fig.subplots(1, 2 if with_ppl else 1, squeeze=False).ravel()
-    for label, df in sorted(logs.items()):
-        df = df.dropna(subset=["loss"])
+    for label, full in sorted(logs.items()):
+        df = full.dropna(subset=["loss"])
         x = df["tokens"] / 1e6
         window = max(1, len(df) // 50)
         (line,) = axes[0].plot(x, df["loss"], alpha=0.25 if window > 1 else 1.0, lw=1)
@@ -115,12 +115,12 @@ def recovery_curves(logs: dict[str, pd.DataFrame], out_dir: str | os.PathLike,
         else:
             line.set_label(label)
         if with_ppl:
-            p = df.dropna(subset=["ppl"])
+            p = full.dropna(subset=["ppl"])  # step 0 (before training) has no loss
             axes[1].plot(p["tokens"] / 1e6, p["ppl"], marker="o", ms=3, color=line.get_color())
     axes[0].set(xlabel="tokens (M)", ylabel="training loss", title="Recovery training loss")
     axes[0].legend(fontsize=7)
     if with_ppl:
-        axes[1].set(xlabel="tokens (M)", ylabel="PPL", title="Logged PPL")
+        axes[1].set(xlabel="tokens (M)", ylabel="held-out PPL", title="Held-out PPL")
         _log_y(axes[1])
     for ax in axes:
         ax.grid(alpha=0.3)
