@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from flexigpt.workflow import RunGrid
@@ -25,9 +26,11 @@ def test_smoke_dag_end_to_end(tmp_path):
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
            "--configfile", str(ROOT / "config/smoke.yaml"), "--cores", "2"]
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
-    logs = sorted((tmp_path / "logs").rglob("*.log")) if (tmp_path / "logs").exists() else []
-    failed = "\n".join(f"== {p}\n{p.read_text()[-2000:]}" for p in logs if "Error" in p.read_text())
-    assert out.returncode == 0, out.stderr[-4000:] + failed
+    if out.returncode != 0:  # show the failing jobs' logs (progress bars may hold stray bytes)
+        logs = sorted((tmp_path / "logs").rglob("*.log"))
+        texts = {p: p.read_text(errors="replace") for p in logs}
+        failed = "\n".join(f"== {p}\n{t[-2000:]}" for p, t in texts.items() if "Error" in t)
+        pytest.fail(out.stderr[-4000:] + failed)
 
     grid = RunGrid.from_config(yaml.safe_load((ROOT / "config/smoke.yaml").read_text()))
     for target in grid.eval_targets():
