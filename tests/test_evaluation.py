@@ -9,7 +9,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import WORDS, make_model
 
@@ -19,13 +18,9 @@ from flexigpt.evaluation.results import evaluate_model, load_result  # noqa: E40
 
 
 @pytest.fixture(autouse=True)
-def single_thread(monkeypatch):
+def offline_single_thread(monkeypatch, single_thread):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _words(rng: random.Random, n: int) -> str:

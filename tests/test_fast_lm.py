@@ -18,12 +18,7 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 from flexigpt.evaluation.lm import FastHFLM  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 class Recorder:

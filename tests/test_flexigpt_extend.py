@@ -21,12 +21,7 @@ from flexigpt.params import count_parameters
 IDS = torch.randint(3, 300, (2, 24), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def extended(kv_heads: int = 2, **options):

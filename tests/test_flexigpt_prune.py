@@ -22,13 +22,7 @@ from flexigpt.params import count_parameters
 CALIB = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny matrices: intra-op threads only add contention (8 s vs 0.2 s per compress)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def pruned_model(kv_heads: int = 2, layers: int = 6, **options):

@@ -24,13 +24,7 @@ ADAPTER_PARAMS = ("lora_A", "lora_B", "gamma")
 IDS = torch.tensor([[0, 5, 17, 42, 99, 7, 3, 250]])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The CPU is shared: tiny models train fastest (and least disruptively) on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def small(**kw) -> TrainConfig:
