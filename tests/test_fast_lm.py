@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -109,11 +110,11 @@ def test_pack_rejects_bad_input():
 
 
 # ---- equality with stock HFLM ---------------------------------------------------------------
-@pytest.mark.parametrize("row_tokens,batch_tokens", [(512, 2048), (24, 48)])
-def test_fast_matches_stock(tiny_model, tiny_tokenizer, row_tokens, batch_tokens):
+@pytest.mark.parametrize("row_tokens,batch_tokens,head_rows", [(512, 2048, 512), (24, 48, 3)])
+def test_fast_matches_stock(tiny_model, tiny_tokenizer, row_tokens, batch_tokens, head_rows):
     reqs = make_requests(tiny_model, tiny_tokenizer)
     stock, fast = both(tiny_model, tiny_tokenizer, row_tokens=row_tokens,
-                       batch_tokens=batch_tokens, verify=0)
+                       batch_tokens=batch_tokens, head_rows=head_rows, verify=0)
     fast.cache_hook = Recorder()
     ref = stock.loglikelihood(reqs, disable_tqdm=True)
     ours = fast.loglikelihood(reqs, disable_tqdm=True)
@@ -149,38 +150,75 @@ def test_fast_with_bos_and_bf16(tiny_model, tiny_tokenizer, text_file):
         FastHFLM(pretrained=tiny_model, tokenizer=tiny_tokenizer, autocast_dtype="int8")
 
 
-def test_fast_matches_stock_on_flexigpt_pruned_model(tiny_tokenizer):
-    prune = pytest.importorskip("flexigpt.methods.prune")
-    from flexigpt.methods.sharing import SharedLoRALinear
+#: options giving each registered method's model a non-trivial structure on the tiny model
+METHOD_OPTIONS = {"flexigpt": {"ratio": 0.5}, "flexigpt_extend": {"layers": 9, "gamma_init": 0.5},
+                  "shortgpt": {"ratio": 0.3}, "shortgpt_lora": {"ratio": 0.3},
+                  "slicegpt": {"ratio": 0.3}, "llm_pruner": {"ratio": 0.3}}
 
-    model = make_model(layers=6)
+
+@pytest.mark.parametrize("method", sorted(METHOD_OPTIONS))
+def test_fast_matches_stock_on_every_method(tiny_tokenizer, method):
+    from flexigpt.registry import METHODS, get_method
+
+    assert set(METHOD_OPTIONS) | {"dense"} == set(METHODS), "new method: add it here"
+    spec = get_method(method)
     calib = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        model = prune.compress(model, None, calib, prune.FlexiGPTConfig(ratio=0.5)).model
-    assert any(isinstance(m, SharedLoRALinear) for m in model.modules())
+        model = spec.compress(make_model(layers=6), None, calib,
+                              spec.make_config(**METHOD_OPTIONS[method])).model.eval()
+    if method.startswith("flexigpt"):
+        from flexigpt.methods.sharing import SharedLoRALinear
+
+        assert any(isinstance(m, SharedLoRALinear) for m in model.modules())
     reqs = make_requests(model, tiny_tokenizer, n_docs=6, seed=2)
     stock, fast = both(model, tiny_tokenizer)
     assert_same(stock.loglikelihood(reqs, disable_tqdm=True),
                 fast.loglikelihood(reqs, disable_tqdm=True))
-    assert fast.fallback_reason is None
+    assert fast.fallback_reason is None and fast.fast_config()["chunked_head"]
 
 
 def test_self_check_falls_back_for_mask_blind_models(tiny_tokenizer):
-    from transformers import LlamaForCausalLM
+    model = make_model()
+    decoder_forward = model.model.forward
 
-    class Blind(LlamaForCausalLM):
-        def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kw):
-            return super().forward(input_ids=input_ids, **kw)
+    def blind(input_ids=None, attention_mask=None, position_ids=None, **kw):
+        return decoder_forward(input_ids=input_ids, **kw)
 
-    dense = make_model()
-    model = Blind(dense.config)
-    model.load_state_dict(dense.state_dict())
-    model.eval()
+    model.model.forward = blind  # the decoder ignores custom masks and position ids
     reqs = make_requests(model, tiny_tokenizer, n_docs=4, seed=3)
     stock, fast = both(model, tiny_tokenizer, verify=16)
     ours = fast.loglikelihood(reqs, disable_tqdm=True)
     assert fast.fallback_reason is not None and "self-check" in fast.fallback_reason
     assert_same(stock.loglikelihood(reqs, disable_tqdm=True), ours)
+
+
+def soft_capped(cls):
+    """A subclass of ``cls`` whose logits are soft-capped (not ``lm_head(decoder(x))``)."""
+
+    class SoftCapped(cls):
+        def forward(self, *args, logits_to_keep=0, **kw):
+            out = super().forward(*args, logits_to_keep=logits_to_keep, **kw)
+            out.logits = 3.0 * torch.tanh(out.logits / 3.0)
+            return out
+
+    return SoftCapped
+
+
+def test_model_without_plain_head_keeps_its_own_forward(tiny_tokenizer):
+    from transformers import LlamaForCausalLM
+
+    dense = make_model()
+    model = soft_capped(LlamaForCausalLM)(dense.config)
+    model.load_state_dict(dense.state_dict())
+    model.eval()
+    reqs = make_requests(model, tiny_tokenizer, n_docs=4, seed=5)
+    stock, fast = both(model, tiny_tokenizer, head_rows=5)
+    assert_same(stock.loglikelihood(reqs, disable_tqdm=True),
+                fast.loglikelihood(reqs, disable_tqdm=True))
+    cfg = fast.fast_config()
+    assert not cfg["chunked_head"] and cfg["head_only_at_scored"]
+    assert cfg["fallback_reason"] is None
+    assert both(dense, tiny_tokenizer)[1].fast_config()["chunked_head"]
 
 
 def test_head_falls_back_when_logits_to_keep_is_not_boolean(tiny_tokenizer):
@@ -193,7 +231,7 @@ def test_head_falls_back_when_logits_to_keep_is_not_boolean(tiny_tokenizer):
             return super().forward(*args, logits_to_keep=logits_to_keep, **kw)
 
     dense = make_model()
-    model = IntKeepOnly(dense.config)
+    model = soft_capped(IntKeepOnly)(dense.config)  # no plain head: the model's own forward
     model.load_state_dict(dense.state_dict())
     model.eval()
     reqs = make_requests(model, tiny_tokenizer, n_docs=4, seed=4)
@@ -212,3 +250,42 @@ def test_rolling_is_stock_and_model_is_registered(tiny_model, tiny_tokenizer):
     a = stock.loglikelihood_rolling(reqs, disable_tqdm=True)
     b = fast.loglikelihood_rolling(reqs, disable_tqdm=True)
     assert a == b
+
+
+# ---- chunked scoring and the allocator setting ------------------------------------------------
+@pytest.mark.parametrize("chunk_rows", [1, 4, 64])
+def test_score_rows_equals_log_softmax_and_argmax(chunk_rows):
+    from flexigpt.evaluation.scoring import score_rows
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(10, 37, generator=gen) * 4
+    logits[3, 5] = logits[3, 9] = logits[3].max() + 1  # a tie: argmax takes the first
+    rows = torch.tensor([0, 3, 3, 3, 9, 2, 0, 7])  # repeated and unsorted rows
+    targets = torch.tensor([1, 5, 9, 0, 36, 2, 1, 8])
+    targets[0] = int(logits[0].argmax())
+    calls = []
+
+    def logits_of(a, b):
+        calls.append((a, b))
+        return logits[a:b].clone()
+
+    scratch = torch.empty(2, 37)  # too small for 4/64 rows: replaced, never written past
+    lp, greedy = score_rows(10, logits_of, rows, targets, chunk_rows, scratch=scratch)
+    ref = torch.log_softmax(logits, -1)[rows, targets]
+    assert torch.allclose(lp, ref, atol=1e-6)
+    assert greedy.tolist() == (logits.argmax(-1)[rows] == targets).tolist()
+    assert greedy[0] and greedy[1] and not greedy[2]
+    assert calls == [(a, min(a + chunk_rows, 10)) for a in range(0, 10, chunk_rows)]
+    low, _ = score_rows(10, lambda a, b: logits[a:b].bfloat16(), rows, targets, chunk_rows)
+    assert low.dtype == torch.float32
+    with pytest.raises(ValueError, match="equal-length"):
+        score_rows(10, logits_of, rows, targets[:3])
+
+
+def test_keep_heap_for_reuse_is_idempotent():
+    from flexigpt.evaluation import cpu_malloc
+
+    first = cpu_malloc.keep_heap_for_reuse()
+    assert cpu_malloc.keep_heap_for_reuse() is first
+    if sys.platform.startswith("linux"):
+        assert first  # glibc: every mallopt call accepted

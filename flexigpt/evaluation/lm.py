@@ -9,13 +9,18 @@ how the token-level requests are computed:
 * requests sharing a prefix are packed into one prefix tree (``packing.py``) and the shared
   tokens run once, with an ancestor-only attention mask and per-node position ids;
 * rows are batched by token count (``row_tokens`` per row, ``batch_tokens`` per forward);
-* the LM head runs only at scored positions (``logits_to_keep`` with a boolean mask);
+* the LM head runs only at scored positions: when the model's logits are exactly
+  ``lm_head(decoder(x))`` (checked once, ``find_plain_head``) the decoder runs once and the
+  head plus fp32 log-softmax run ``head_rows`` scored positions at a time into reused
+  buffers (``scoring.py``); other models get ``logits_to_keep`` with a boolean mask;
+* on CPU, glibc malloc keeps freed activation buffers for reuse (``cpu_malloc.py``);
 * optional bf16 autocast (default fp32); log-softmax is always taken in fp32.
 
 Results equal stock ``HFLM`` up to float rounding, with the same ``is_greedy``. Measured on
-SmolLM2-135M, fp32, 3,198 requests of the five paper tasks: max |Δ logprob| 1.03e-4 (mean
-~1e-5), where stock HFLM itself moves by up to 5.3e-5 between batch sizes 1 and 16; tiny
-test models stay below 1e-4. Results come back in request order and go to ``cache_hook``.
+SmolLM2-135M, fp32, 3,198 requests of the five paper tasks: max |Δ logprob| 8.1e-5, no
+``is_greedy`` or metric differences (stock HFLM itself moves by up to 5.3e-5 between batch
+sizes 1 and 16); tiny test models stay below 1e-4. Results come back in request order and go
+to ``cache_hook``.
 On its first call the scorer checks ``verify`` requests against the stock path and, if a
 model ignores the custom mask or position ids, falls back to the stock path
 (``fallback_reason`` says why).
@@ -29,12 +34,14 @@ import logging
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from torch import nn
 from tqdm.auto import tqdm
 
+from flexigpt.evaluation.cpu_malloc import keep_heap_for_reuse
 from flexigpt.evaluation.packing import batch_rows, collate, pack_requests
+from flexigpt.evaluation.scoring import score_rows
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +59,20 @@ class FastHFLM(HFLM):
         autocast_dtype: ``None`` (fp32, default) or ``"bfloat16"``/a torch dtype for autocast.
         verify: how many requests the first call checks against stock ``HFLM`` (0: none).
         verify_tol: allowed |Δ logprob| in that check (run in fp32).
+        head_rows: scored positions per LM-head matmul and log-softmax chunk (bounds the
+            ``[head_rows, V]`` buffers; on CPU fewer than ~512 run the head slower).
+        keep_heap: on CPU, tune glibc malloc once per process so activation buffers are
+            reused instead of page-faulted in every forward (``cpu_malloc``; process-wide).
     """
 
-    def __init__(self, *args: Any, row_tokens: int = 512, batch_tokens: int = 2048,
+    def __init__(self, *args: Any, row_tokens: int = 256, batch_tokens: int = 4096,
                  autocast_dtype: str | torch.dtype | None = None, verify: int = 8,
-                 verify_tol: float = 1e-3, **kwargs: Any) -> None:
+                 verify_tol: float = 1e-3, head_rows: int = 512, keep_heap: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if row_tokens < 1 or batch_tokens < 1:
-            raise ValueError(f"row_tokens and batch_tokens must be positive, got "
-                             f"{row_tokens} and {batch_tokens}")
+        if row_tokens < 1 or batch_tokens < 1 or head_rows < 1:
+            raise ValueError(f"row_tokens, batch_tokens and head_rows must be positive, got "
+                             f"{row_tokens}, {batch_tokens} and {head_rows}")
         if isinstance(autocast_dtype, str):
             autocast_dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
                               "float16": torch.float16, "fp16": torch.float16}.get(
@@ -77,6 +89,11 @@ class FastHFLM(HFLM):
         self._in_loglikelihood = False
         params = inspect.signature(self.model.forward).parameters
         self._keep_kwarg = "logits_to_keep" in params
+        self.head_rows = int(head_rows)
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._plain_head = find_plain_head(self.model)
+        self.keep_heap = bool(keep_heap) and torch.device(self.device).type == "cpu" \
+            and keep_heap_for_reuse()
 
     # ---- public API --------------------------------------------------------------------
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False,
@@ -91,9 +108,11 @@ class FastHFLM(HFLM):
     def fast_config(self) -> dict[str, Any]:
         """The scorer's settings, for result provenance."""
         return {"row_tokens": self.row_tokens, "batch_tokens": self.batch_tokens,
+                "head_rows": self.head_rows,
                 "autocast_dtype": str(self.autocast_dtype).replace("torch.", "")
                 if self.autocast_dtype else None,
                 "head_only_at_scored": self._keep_kwarg, "verify": self.verify,
+                "keep_heap": self.keep_heap, "chunked_head": self._plain_head is not None,
                 "fallback_reason": self.fallback_reason}
 
     # ---- dispatch ----------------------------------------------------------------------
@@ -163,7 +182,6 @@ class FastHFLM(HFLM):
         for b, row in enumerate(rows):
             for s in row.scored:
                 keep[b, s.nodes] = True
-        logits = self._packed_logits(ids, pos, mask, keep)  # [n_keep, V]
         slot = torch.full(ids.shape, -1, dtype=torch.long)
         slot[keep] = torch.arange(int(keep.sum()))
         sel, tgt, owner, index = [], [], [], []
@@ -173,41 +191,115 @@ class FastHFLM(HFLM):
                 tgt.extend(s.targets)
                 owner.extend([len(index)] * len(s.targets))
                 index.append(s.request)
-        sel_t = torch.tensor(sel, device=logits.device)
-        tgt_t = torch.tensor(tgt, device=logits.device)
-        owner_t = torch.tensor(owner, device=logits.device)
-        logprobs = F.log_softmax(logits.float(), dim=-1)
-        tok_lp = logprobs[sel_t, tgt_t]
-        greedy = logits.argmax(dim=-1)[sel_t] == tgt_t
-        total = torch.zeros(len(index), dtype=torch.float64, device=logits.device)
+        tok_lp, greedy = self._score_packed(ids, pos, mask, keep, torch.tensor(sel),
+                                            torch.tensor(tgt))
+        dev = tok_lp.device
+        owner_t = torch.tensor(owner, device=dev)
+        total = torch.zeros(len(index), dtype=torch.float64, device=dev)
         total.index_add_(0, owner_t, tok_lp.double())
-        misses = torch.zeros(len(index), dtype=torch.long, device=logits.device)
+        misses = torch.zeros(len(index), dtype=torch.long, device=dev)
         misses.index_add_(0, owner_t, (~greedy).long())
         return [(i, (float(t), bool(m == 0)))
                 for i, t, m in zip(index, total.tolist(), misses.tolist(), strict=True)]
 
     @torch.no_grad()
-    def _packed_logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-                       keep: torch.Tensor) -> torch.Tensor:
-        """Logits ``[n_keep, V]`` at the ``keep [B, T]`` positions (row-major order)."""
+    def _score_packed(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+                      keep: torch.Tensor, sel: torch.Tensor, tgt: torch.Tensor,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities and is-greedy of targets ``tgt [K]`` at kept rows ``sel [K]``.
+
+        ``keep [B, T]`` marks the scored positions; ``sel`` indexes them in row-major order.
+        With a plain head the decoder runs once and the LM head runs on ``head_rows`` kept
+        positions at a time; otherwise the model's own forward gives all kept logits.
+        """
         dev = self.device
         kwargs: dict[str, Any] = {"input_ids": ids.to(dev), "position_ids": pos.to(dev),
                                   "attention_mask": mask.to(dev), "use_cache": False}
-        n_keep = int(keep.sum())
+        sel, tgt = sel.to(dev), tgt.to(dev)
         with torch.autocast(device_type=torch.device(dev).type, dtype=self.autocast_dtype,
                             enabled=self.autocast_dtype is not None):
-            if self._keep_kwarg:
-                try:
-                    logits = self.model(**kwargs, logits_to_keep=keep.to(dev)).logits
-                    if logits.ndim == 2 and logits.shape[0] == n_keep:
-                        return logits
-                except (IndexError, RuntimeError, TypeError, ValueError) as err:
-                    log.debug("boolean logits_to_keep unsupported: %s", err)
-                log.info("FastHFLM: the model does not take a boolean logits_to_keep; "
-                         "computing the LM head at every position")
-                self._keep_kwarg = False
-            logits = self.model(**kwargs).logits
-        if logits.ndim != 3 or tuple(logits.shape[:2]) != tuple(ids.shape):
+            if self._plain_head is not None:
+                decoder, head = self._plain_head
+                hidden = decoder(**kwargs).last_hidden_state[keep.to(dev)]  # [n_keep, d]
+                n_rows, vocab = hidden.shape[0], head.out_features
+
+                def logits_of(a: int, b: int) -> torch.Tensor:
+                    return self._head(head, hidden[a:b])
+            else:
+                logits = self._packed_logits(kwargs, keep)  # [n_keep, V]
+                n_rows, vocab = logits.shape
+
+                def logits_of(a: int, b: int) -> torch.Tensor:
+                    return logits[a:b]
+            return score_rows(n_rows, logits_of, sel, tgt, self.head_rows,
+                              self._scratch("logp", vocab, dev))
+
+    def _head(self, head: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+        """``head(hidden)`` for ``hidden [n, d]``; in plain fp32 written into a reused buffer
+        (a fresh ``[head_rows, V]`` tensor per chunk costs page faults on CPU)."""
+        weight = head.weight
+        if type(head) is not nn.Linear or torch.is_autocast_enabled(hidden.device.type) \
+                or hidden.dtype != weight.dtype or weight.dtype != torch.float32:
+            return head(hidden)
+        buf = self._scratch("logits", weight.shape[0], weight.device)
+        out = torch.mm(hidden, weight.t(), out=buf[: hidden.shape[0]])
+        return out if head.bias is None else out.add_(head.bias)
+
+    def _scratch(self, name: str, vocab: int, device: torch.device) -> torch.Tensor:
+        """A reused fp32 ``[head_rows, vocab]`` buffer (fresh ones cost page faults on CPU)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape != (self.head_rows, vocab) or buf.device != device:
+            buf = self._buffers[name] = torch.empty(self.head_rows, vocab,
+                                                    dtype=torch.float32, device=device)
+        return buf
+
+    def _packed_logits(self, kwargs: dict[str, Any], keep: torch.Tensor) -> torch.Tensor:
+        """Logits ``[n_keep, V]`` at the ``keep [B, T]`` positions (row-major order)."""
+        n_keep, shape = int(keep.sum()), tuple(kwargs["input_ids"].shape)
+        if self._keep_kwarg:
+            try:
+                logits = self.model(**kwargs, logits_to_keep=keep.to(self.device)).logits
+                if logits.ndim == 2 and logits.shape[0] == n_keep:
+                    return logits
+            except (IndexError, RuntimeError, TypeError, ValueError) as err:
+                log.debug("boolean logits_to_keep unsupported: %s", err)
+            log.info("FastHFLM: the model does not take a boolean logits_to_keep; "
+                     "computing the LM head at every position")
+            self._keep_kwarg = False
+        logits = self.model(**kwargs).logits
+        if logits.ndim != 3 or tuple(logits.shape[:2]) != shape:
             raise RuntimeError(f"model returned logits of shape {tuple(logits.shape)} for "
-                               f"input {tuple(ids.shape)}")
+                               f"input {shape}")
         return logits[keep.to(logits.device)]
+
+
+@torch.no_grad()
+def find_plain_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """``(decoder, lm_head)`` if ``model``'s logits are exactly ``lm_head(decoder(x))``.
+
+    Checked once on a short probe sequence, so models that scale or soft-cap their logits
+    (or have no separable decoder) return None and keep the model's own forward.
+    """
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return None
+    try:
+        decoder, head = get_decoder(), get_head()
+    except (AttributeError, NotImplementedError):
+        return None
+    if not isinstance(head, nn.Linear) or not isinstance(decoder, nn.Module) \
+            or decoder is model:
+        return None
+    param = next(model.parameters())
+    probe = (torch.arange(1, 9, device=param.device) * 7919 % head.out_features)[None]
+    try:
+        ref = model(input_ids=probe, use_cache=False).logits
+        ours = head(decoder(input_ids=probe, use_cache=False).last_hidden_state)
+    except (AttributeError, IndexError, RuntimeError, TypeError, ValueError) as err:
+        log.debug("no plain LM head: %s", err)
+        return None
+    if ref.shape != ours.shape or not torch.allclose(ref, ours, rtol=1e-5, atol=1e-5):
+        return None
+    return decoder, head
+
