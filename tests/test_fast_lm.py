@@ -174,7 +174,8 @@ def test_fast_matches_stock_on_every_method(tiny_tokenizer, method):
     stock, fast = both(model, tiny_tokenizer)
     assert_same(stock.loglikelihood(reqs, disable_tqdm=True),
                 fast.loglikelihood(reqs, disable_tqdm=True))
-    assert fast.fallback_reason is None and fast.fast_config()["chunked_head"]
+    cfg = fast.fast_config()
+    assert fast.fallback_reason is None and cfg["chunked_head"] and cfg["head_only_at_scored"]
 
 
 def test_self_check_falls_back_for_mask_blind_models(tiny_tokenizer):

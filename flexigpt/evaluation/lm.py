@@ -111,7 +111,8 @@ class FastHFLM(HFLM):
                 "head_rows": self.head_rows,
                 "autocast_dtype": str(self.autocast_dtype).replace("torch.", "")
                 if self.autocast_dtype else None,
-                "head_only_at_scored": self._keep_kwarg, "verify": self.verify,
+                "head_only_at_scored": self._plain_head is not None or self._keep_kwarg,
+                "verify": self.verify,
                 "keep_heap": self.keep_heap, "chunked_head": self._plain_head is not None,
                 "fallback_reason": self.fallback_reason}
 

@@ -191,7 +191,7 @@ def table1(agg: pd.DataFrame, pub: pd.DataFrame, model: str) -> Table | None:
         log.info("table 1 for %s: no compressed results; skipped", model)
         return None
     ours = _order(rows).reset_index(drop=True)
-    label = pd.Series([method_label(m, v) + ("*" if t is True else "")
+    label = pd.Series([method_label(m, v) + ("*" if t else "")
                        for m, v, t in zip(ours["method"], ours["variant"], ours["trained"])])
     frame = metric_frame(ours, label, {"Ratio": ours["ratio"] * 100,
                                        "Achieved": ours["achieved_ratio"] * 100,

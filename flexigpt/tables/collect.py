@@ -66,9 +66,9 @@ def discover(results_dir: str | os.PathLike) -> Inputs:
     """Find result/timing JSONs, ``train_log.csv`` files and FlexiGPT manifests.
 
     JSONs are classified by content: ``schema`` and ``labels`` → evaluation result (other
-    JSONs with task scores, e.g. benchmark-script outputs, are not results); ``rows`` with ``schema`` or ``batch`` → timing. Hidden
-    directories, HF checkpoint files and files over 20 MiB are skipped. A JSON that does
-    not parse is an error (it names the file).
+    JSONs with task scores, e.g. benchmark-script outputs, are not results); ``rows`` with
+    ``schema`` or ``batch`` → timing. Hidden directories, HF checkpoint files and files over
+    20 MiB are skipped. A JSON that does not parse is an error (it names the file).
     """
     root = Path(results_dir)
     if not root.is_dir():
