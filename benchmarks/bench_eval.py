@@ -6,6 +6,11 @@ autocast, round-robin ``--rounds`` times (the fastest round of each counts, so t
 spell of a shared machine does not land on one side only). Reports requests/s, the speed-up,
 the largest |Δ logprob| and is_greedy mismatches vs stock, and the task metrics (computed by
 lm-eval's own ``process_results``) of each.
+``--extra-stock-batch-size 1`` adds stock HFLM at lm-eval's default batch size to the round
+robin (the configuration behind the "~4 requests/s" usually quoted for this CPU).
+``--profile`` adds one profiled pass per scorer and task: the matmul TFLOP each does and the
+share of its op time spent in matmuls, hence the *ceiling* of the speed-up, i.e. what it would
+be if the fast path spent nothing outside its matmuls and ran them at stock's matmul rate.
 Times are process CPU seconds (with ``--threads 1`` this is the compute actually spent, even
 when other jobs share the machine); wall seconds are reported too.
 
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from bench_train import matmul_peak
 from flexigpt.artifacts import load_compressed
@@ -31,6 +37,9 @@ from flexigpt.evaluation.tasks import PAPER_TASKS, build_task, task_specs
 from flexigpt.evaluation.zeroshot import make_lm
 
 log = logging.getLogger("bench_eval")
+
+#: profiler op names counted as dense matmul work (attention kernels are not)
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
 def machine_condition(seconds: float = 2.0) -> dict[str, float]:
@@ -77,6 +86,30 @@ def timed(lm: Any, instances: list[Any]) -> tuple[list[tuple[float, bool]], floa
     return out, time.process_time() - cpu, time.perf_counter() - wall
 
 
+def profiled(lm: Any, instances: list[Any]) -> dict[str, float]:
+    """One profiled pass: matmul TFLOP, matmul CPU seconds and all ops' CPU seconds."""
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        lm.loglikelihood(instances, disable_tqdm=True)
+    events = prof.key_averages()
+    matmuls = [e for e in events if e.key in MATMUL_OPS]
+    return {"matmul_tflop": sum(e.flops for e in matmuls) / 1e12,
+            "matmul_s": sum(e.self_cpu_time_total for e in matmuls) / 1e6,
+            "ops_s": sum(e.self_cpu_time_total for e in events) / 1e6}
+
+
+def ceiling(stock: dict[str, float], fast: dict[str, float]) -> dict[str, float]:
+    """Matmul work ratio, matmul shares and the zero-overhead ceiling of the speed-up:
+    stock's op time over the time ours would take doing only its matmuls at stock's rate,
+    i.e. ``flop_ratio / stock_matmul_share``."""
+    flop_ratio = stock["matmul_tflop"] / fast["matmul_tflop"]
+    share = stock["matmul_s"] / stock["ops_s"]
+    return {"matmul_flop_ratio": flop_ratio, "stock_matmul_share": share,
+            "fast_matmul_share": fast["matmul_s"] / fast["ops_s"],
+            "stock_matmul_gflops": 1e3 * stock["matmul_tflop"] / stock["matmul_s"],
+            "fast_matmul_gflops": 1e3 * fast["matmul_tflop"] / fast["matmul_s"],
+            "ceiling_speedup": flop_ratio / share}
+
+
 def timed_rounds(lms: dict[str, Any], instances: list[Any], rounds: int,
                  ) -> dict[str, tuple[list[tuple[float, bool]], float, float, list[float]]]:
     """Run every LM on ``instances`` round-robin ``rounds`` times, so that a slow spell of a
@@ -100,6 +133,10 @@ def main() -> None:
     ap.add_argument("--tasks", default=",".join(PAPER_TASKS))
     ap.add_argument("--limit", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=16, help="stock HFLM batch size")
+    ap.add_argument("--extra-stock-batch-size", type=int,
+                    help="also time stock HFLM at this batch size (lm-eval's default is 1)")
+    ap.add_argument("--profile", action="store_true",
+                    help="one extra profiled pass per scorer: matmul work and the ceiling")
     ap.add_argument("--row-tokens", type=int, help="FastHFLM row_tokens (default: its own)")
     ap.add_argument("--batch-tokens", type=int, help="FastHFLM batch_tokens (default: its own)")
     ap.add_argument("--head-rows", type=int, help="FastHFLM head_rows (default: its own)")
@@ -122,6 +159,9 @@ def main() -> None:
     bf16 = None if args.no_bf16 else make_lm(model, tok, backend="fast",
                                              batch_size=args.batch_size,
                                              autocast_dtype="bfloat16", **fast_kw)
+    extra, extra_name = None, f"stock_bs{args.extra_stock_batch_size}"
+    if args.extra_stock_batch_size is not None:
+        extra = make_lm(model, tok, backend="hf", batch_size=args.extra_stock_batch_size)
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     report: dict[str, Any] = {"model": args.model, "limit": args.limit, "threads": args.threads,
@@ -129,11 +169,13 @@ def main() -> None:
                               "batch_size": args.batch_size, "fast": fast.fast_config(),
                               "tasks": {}}
     totals: dict[str, float] = defaultdict(float)
+    prof_totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     n_total = 0
     for name in [t for t in args.tasks.split(",") if t]:
         task, inst = task_requests(name, args.benchmarks, args.limit)
-        runs = timed_rounds({"stock": stock, "fast": fast, **({"bf16": bf16} if bf16 else {})},
-                            inst, args.rounds)
+        lms = {"stock": stock, "fast": fast, **({"bf16": bf16} if bf16 else {}),
+               **({extra_name: extra} if extra else {})}
+        runs = timed_rounds(lms, inst, args.rounds)
         ref, t_stock, w_stock, all_stock = runs["stock"]
         ours, t_fast, w_fast, all_fast = runs["fast"]
         row = {"requests": len(inst), "docs": len({i.doc_id for i in inst}),
@@ -152,6 +194,19 @@ def main() -> None:
                        bf16_max_metric_diff=max(abs(m_bf16[k] - row["metrics_stock"][k])
                                                 for k in m_bf16))
             totals["bf16"] += t_bf16
+        if extra is not None:
+            other, t_extra, w_extra, _ = runs[extra_name]
+            row.update({f"{extra_name}_s": t_extra, f"{extra_name}_wall_s": w_extra,
+                        f"speedup_vs_{extra_name}": t_extra / t_fast,
+                        f"{extra_name}_max_abs_diff": max(abs(a[0] - b[0])
+                                                          for a, b in zip(ref, other))})
+            totals[extra_name] += t_extra
+        if args.profile:
+            prof = {"stock": profiled(stock, inst), "fast": profiled(fast, inst)}
+            row["profile"] = {**prof, **ceiling(prof["stock"], prof["fast"])}
+            for side, numbers in prof.items():
+                for key, value in numbers.items():
+                    prof_totals[side][key] += value
         totals["stock"] += t_stock
         totals["fast"] += t_fast
         n_total += len(inst)
@@ -169,6 +224,10 @@ def main() -> None:
                          "speedup": totals["stock"] / totals["fast"]}
     if bf16 is not None:
         report["overall"]["speedup_bf16"] = totals["stock"] / totals["bf16"]
+    if extra is not None:
+        report["overall"][f"speedup_vs_{extra_name}"] = totals[extra_name] / totals["fast"]
+    if args.profile:
+        report["overall"]["profile"] = ceiling(prof_totals["stock"], prof_totals["fast"])
     print(json.dumps(report["overall"], indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
