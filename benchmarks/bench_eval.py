@@ -79,6 +79,11 @@ def metrics(task: Any, instances: list[Any], answers: list[tuple[float, bool]]) 
     return {k: v / len(per_doc) for k, v in sums.items()}
 
 
+def max_abs_diff(ref: list[tuple[float, bool]], other: list[tuple[float, bool]]) -> float:
+    """Largest |Δ logprob| between two scorers' answers to the same requests."""
+    return max(abs(a[0] - b[0]) for a, b in zip(ref, other, strict=True))
+
+
 def timed(lm: Any, instances: list[Any]) -> tuple[list[tuple[float, bool]], float, float]:
     """Answers, CPU seconds of this process (robust to a shared machine), wall seconds."""
     cpu, wall = time.process_time(), time.perf_counter()
@@ -146,6 +151,8 @@ def main() -> None:
                     help="round-robin repeats per task; the fastest round counts")
     ap.add_argument("--out", help="write the report JSON here")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     loaded = load_compressed(args.model)
@@ -159,11 +166,11 @@ def main() -> None:
     bf16 = None if args.no_bf16 else make_lm(model, tok, backend="fast",
                                              batch_size=args.batch_size,
                                              autocast_dtype="bfloat16", **fast_kw)
-    extra, extra_name = None, f"stock_bs{args.extra_stock_batch_size}"
+    lms = {"stock": stock, "fast": fast, **({"bf16": bf16} if bf16 else {})}
+    extra_name = f"stock_bs{args.extra_stock_batch_size}"
     if args.extra_stock_batch_size is not None:
-        extra = make_lm(model, tok, backend="hf", batch_size=args.extra_stock_batch_size)
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
+        lms[extra_name] = make_lm(model, tok, backend="hf",
+                                  batch_size=args.extra_stock_batch_size)
     report: dict[str, Any] = {"model": args.model, "limit": args.limit, "threads": args.threads,
                               "rounds": args.rounds, "machine_before": machine_condition(),
                               "batch_size": args.batch_size, "fast": fast.fast_config(),
@@ -173,8 +180,6 @@ def main() -> None:
     n_total = 0
     for name in [t for t in args.tasks.split(",") if t]:
         task, inst = task_requests(name, args.benchmarks, args.limit)
-        lms = {"stock": stock, "fast": fast, **({"bf16": bf16} if bf16 else {}),
-               **({extra_name: extra} if extra else {})}
         runs = timed_rounds(lms, inst, args.rounds)
         ref, t_stock, w_stock, all_stock = runs["stock"]
         ours, t_fast, w_fast, all_fast = runs["fast"]
@@ -182,7 +187,7 @@ def main() -> None:
                "stock_s": t_stock, "fast_s": t_fast, "speedup": t_stock / t_fast,
                "stock_wall_s": w_stock, "fast_wall_s": w_fast,
                "stock_rounds_s": all_stock, "fast_rounds_s": all_fast,
-               "max_abs_diff": max(abs(a[0] - b[0]) for a, b in zip(ref, ours)),
+               "max_abs_diff": max_abs_diff(ref, ours),
                "greedy_mismatch": sum(a[1] != b[1] for a, b in zip(ref, ours)),
                "metrics_stock": metrics(task, inst, ref), "metrics_fast": metrics(task, inst, ours)}
         if bf16 is not None:
@@ -190,16 +195,15 @@ def main() -> None:
             m_bf16 = metrics(task, inst, low)
             row.update(bf16_s=t_bf16, bf16_wall_s=w_bf16, speedup_bf16=t_stock / t_bf16,
                        metrics_bf16=m_bf16,
-                       bf16_max_abs_diff=max(abs(a[0] - b[0]) for a, b in zip(ref, low)),
+                       bf16_max_abs_diff=max_abs_diff(ref, low),
                        bf16_max_metric_diff=max(abs(m_bf16[k] - row["metrics_stock"][k])
                                                 for k in m_bf16))
             totals["bf16"] += t_bf16
-        if extra is not None:
+        if extra_name in lms:
             other, t_extra, w_extra, _ = runs[extra_name]
             row.update({f"{extra_name}_s": t_extra, f"{extra_name}_wall_s": w_extra,
                         f"speedup_vs_{extra_name}": t_extra / t_fast,
-                        f"{extra_name}_max_abs_diff": max(abs(a[0] - b[0])
-                                                          for a, b in zip(ref, other))})
+                        f"{extra_name}_max_abs_diff": max_abs_diff(ref, other)})
             totals[extra_name] += t_extra
         if args.profile:
             prof = {"stock": profiled(stock, inst), "fast": profiled(fast, inst)}
@@ -224,7 +228,7 @@ def main() -> None:
                          "speedup": totals["stock"] / totals["fast"]}
     if bf16 is not None:
         report["overall"]["speedup_bf16"] = totals["stock"] / totals["bf16"]
-    if extra is not None:
+    if extra_name in lms:
         report["overall"][f"speedup_vs_{extra_name}"] = totals[extra_name] / totals["fast"]
     if args.profile:
         report["overall"]["profile"] = ceiling(prof_totals["stock"], prof_totals["fast"])
