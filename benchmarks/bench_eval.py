@@ -33,6 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench_train import matmul_peak
 from flexigpt.artifacts import load_compressed
+from flexigpt.evaluation.lm import ATTENTION_MODES
 from flexigpt.evaluation.tasks import PAPER_TASKS, build_task, task_specs
 from flexigpt.evaluation.zeroshot import make_lm
 
@@ -145,6 +146,8 @@ def main() -> None:
     ap.add_argument("--row-tokens", type=int, help="FastHFLM row_tokens (default: its own)")
     ap.add_argument("--batch-tokens", type=int, help="FastHFLM batch_tokens (default: its own)")
     ap.add_argument("--head-rows", type=int, help="FastHFLM head_rows (default: its own)")
+    ap.add_argument("--attention", choices=ATTENTION_MODES,
+                    help="FastHFLM attention layout (default: its own)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--rounds", type=int, default=2,
@@ -160,7 +163,8 @@ def main() -> None:
     stock = make_lm(model, tok, backend="hf", batch_size=args.batch_size)
     fast_kw = {k: v for k, v in (("row_tokens", args.row_tokens),
                                  ("batch_tokens", args.batch_tokens),
-                                 ("head_rows", args.head_rows)) if v is not None}
+                                 ("head_rows", args.head_rows),
+                                 ("attention", args.attention)) if v is not None}
     fast_kw["verify"] = 0
     fast = make_lm(model, tok, backend="fast", batch_size=args.batch_size, **fast_kw)
     bf16 = None if args.no_bf16 else make_lm(model, tok, backend="fast",

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import WORDS, make_model, make_tokenizer
-from flexigpt.evaluation.packing import batch_rows, collate, pack_requests
+from flexigpt.evaluation.packing import (batch_rows, bucket_rows, collate, collate_flat,
+                                         pack_requests)
 
 pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -102,6 +103,50 @@ def test_pack_shares_prefixes_and_masks_ancestors():
     assert torch.isfinite(add_mask.max(dim=-1).values).all()  # no fully masked row
 
 
+def test_per_document_rows_buckets_and_flat_layout():
+    doc_a = [([7, 1, 2, 3, 4], 1, [5]), ([7, 1, 2, 3, 9], 1, [6])]  # choices of one question
+    doc_b = [([7, 8, 8, 8], 2, [8, 1])]  # shares only its first token with doc_a
+    doc_c = [([5, 5, 5, 5, 5, 5, 5], 1, [2]), ([5, 5, 5, 5, 5, 5, 6], 1, [2])]
+    seqs = doc_a + doc_b + doc_c
+    assert len(pack_requests(seqs, row_tokens=64)) == 1  # filled rows share "7"
+    rows = pack_requests(seqs, row_tokens=64, per_document=True)
+    assert sorted(sorted(s.request for s in r.scored) for r in rows) == [[0, 1], [2], [3, 4]]
+    assert sorted(map(len, rows)) == [4, 6, 8]
+    passes = bucket_rows(rows, batch_tokens=16, slack=0.25)  # 8 and 6 share a width-8 bucket
+    assert [[[len(r) for r in b] for b in p] for p in passes] == [[[8, 6]], [[4]]]
+    assert [[[len(r) for r in b] for b in p] for p in bucket_rows(rows, 100, slack=0.0)] \
+        == [[[8], [6], [4]]]
+    ids, pos, layout, starts = collate_flat(bucket_rows(rows, 100, slack=0.4)[0], pad_id=0)
+    assert ids.shape == pos.shape == (1, 8 + 8 + 4) and layout.length == 20
+    assert [(b.start, b.rows, b.width) for b in layout.buckets] == [(0, 2, 8), (16, 1, 4)]
+    assert starts == [0, 8, 16]
+    by_start = dict(zip(starts, [r for b in bucket_rows(rows, 100, slack=0.4)[0] for r in b]))
+    for start, row in by_start.items():  # tokens, depths and tree masks land where stated
+        assert ids[0, start:start + len(row)].tolist() == row.tokens
+        assert pos[0, start:start + len(row)].tolist() == row.positions
+    second = layout.buckets[0].mask[1, 0]  # the 6-node row padded to 8
+    assert torch.equal(second[:6, :6], torch.from_numpy(by_start[8].mask()))
+    assert torch.equal(second[6:], torch.eye(8, dtype=torch.bool)[6:])  # padding: itself only
+    with pytest.raises(ValueError, match="slack"):
+        bucket_rows(rows, 100, slack=1.0)
+
+
+def test_tree_attention_switch_restores_the_model(tiny_model):
+    from flexigpt.evaluation.tree_attention import ATTENTION_NAME, tree_attention
+
+    before = tiny_model.config._attn_implementation
+    with pytest.raises(RuntimeError, match="inside"), tree_attention(tiny_model):
+        assert tiny_model.model.layers[0].self_attn.config._attn_implementation \
+            == ATTENTION_NAME
+        raise RuntimeError("inside")
+    assert tiny_model.config._attn_implementation == before
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():  # without a layout the tree attention is plain sdpa
+        plain = tiny_model(input_ids=ids).logits
+        with tree_attention(tiny_model):
+            assert torch.equal(tiny_model(input_ids=ids).logits, plain)
+
+
 def test_pack_rejects_bad_input():
     with pytest.raises(ValueError, match="row_tokens"):
         pack_requests([([1], 1, [2])], row_tokens=0)
@@ -110,11 +155,14 @@ def test_pack_rejects_bad_input():
 
 
 # ---- equality with stock HFLM ---------------------------------------------------------------
+@pytest.mark.parametrize("attention", ["tree", "mask"])
 @pytest.mark.parametrize("row_tokens,batch_tokens,head_rows", [(512, 2048, 512), (24, 48, 3)])
-def test_fast_matches_stock(tiny_model, tiny_tokenizer, row_tokens, batch_tokens, head_rows):
+def test_fast_matches_stock(tiny_model, tiny_tokenizer, row_tokens, batch_tokens, head_rows,
+                            attention):
     reqs = make_requests(tiny_model, tiny_tokenizer)
     stock, fast = both(tiny_model, tiny_tokenizer, row_tokens=row_tokens,
-                       batch_tokens=batch_tokens, head_rows=head_rows, verify=0)
+                       batch_tokens=batch_tokens, head_rows=head_rows, verify=0,
+                       attention=attention)
     fast.cache_hook = Recorder()
     ref = stock.loglikelihood(reqs, disable_tqdm=True)
     ours = fast.loglikelihood(reqs, disable_tqdm=True)
@@ -148,6 +196,8 @@ def test_fast_with_bos_and_bf16(tiny_model, tiny_tokenizer, text_file):
     assert max(abs(a[0] - b[0]) for a, b in zip(ref, out)) < 0.5
     with pytest.raises(ValueError, match="autocast_dtype"):
         FastHFLM(pretrained=tiny_model, tokenizer=tiny_tokenizer, autocast_dtype="int8")
+    with pytest.raises(ValueError, match="attention"):
+        FastHFLM(pretrained=tiny_model, tokenizer=tiny_tokenizer, attention="flash")
 
 
 #: options giving each registered method's model a non-trivial structure on the tiny model
@@ -176,20 +226,23 @@ def test_fast_matches_stock_on_every_method(tiny_tokenizer, method):
                 fast.loglikelihood(reqs, disable_tqdm=True))
     cfg = fast.fast_config()
     assert fast.fallback_reason is None and cfg["chunked_head"] and cfg["head_only_at_scored"]
+    assert cfg["attention"] == "tree" and not cfg["self_check_notes"]
 
 
 def test_self_check_falls_back_for_mask_blind_models(tiny_tokenizer):
     model = make_model()
     decoder_forward = model.model.forward
 
-    def blind(input_ids=None, attention_mask=None, position_ids=None, **kw):
+    def blind(input_ids=None, attention_mask=None, position_ids=None, tree_layout=None, **kw):
         return decoder_forward(input_ids=input_ids, **kw)
 
-    model.model.forward = blind  # the decoder ignores custom masks and position ids
+    model.model.forward = blind  # ignores custom masks, position ids and the tree layout
     reqs = make_requests(model, tiny_tokenizer, n_docs=4, seed=3)
     stock, fast = both(model, tiny_tokenizer, verify=16)
     ours = fast.loglikelihood(reqs, disable_tqdm=True)
     assert fast.fallback_reason is not None and "self-check" in fast.fallback_reason
+    notes = fast.fast_config()["self_check_notes"]
+    assert [n.split(":")[0] for n in notes] == ["attention=tree", "attention=mask"]
     assert_same(stock.loglikelihood(reqs, disable_tqdm=True), ours)
 
 
@@ -254,8 +307,9 @@ def test_rolling_is_stock_and_model_is_registered(tiny_model, tiny_tokenizer):
 
 
 # ---- chunked scoring and the allocator setting ------------------------------------------------
-@pytest.mark.parametrize("chunk_rows", [1, 4, 64])
-def test_score_rows_equals_log_softmax_and_argmax(chunk_rows):
+@pytest.mark.parametrize("chunk_rows,tile_rows", [(1, None), (4, None), (64, None), (4, 3),
+                                                   (64, 2)])
+def test_score_rows_equals_log_softmax_and_argmax(chunk_rows, tile_rows):
     from flexigpt.evaluation.scoring import score_rows
 
     gen = torch.Generator().manual_seed(0)
@@ -270,8 +324,9 @@ def test_score_rows_equals_log_softmax_and_argmax(chunk_rows):
         calls.append((a, b))
         return logits[a:b].clone()
 
-    scratch = torch.empty(2, 37)  # too small for 4/64 rows: replaced, never written past
-    lp, greedy = score_rows(10, logits_of, rows, targets, chunk_rows, scratch=scratch)
+    scratch = torch.empty(2, 37)  # too small for 3+ rows: replaced, never written past
+    lp, greedy = score_rows(10, logits_of, rows, targets, chunk_rows, scratch=scratch,
+                            tile_rows=tile_rows)
     ref = torch.log_softmax(logits, -1)[rows, targets]
     assert torch.allclose(lp, ref, atol=1e-6)
     assert greedy.tolist() == (logits.argmax(-1)[rows] == targets).tolist()
@@ -281,6 +336,8 @@ def test_score_rows_equals_log_softmax_and_argmax(chunk_rows):
     assert low.dtype == torch.float32
     with pytest.raises(ValueError, match="equal-length"):
         score_rows(10, logits_of, rows, targets[:3])
+    with pytest.raises(ValueError, match="tile_rows"):
+        score_rows(10, logits_of, rows, targets, tile_rows=0)
 
 
 def test_keep_heap_for_reuse_is_idempotent():

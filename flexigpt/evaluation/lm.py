@@ -8,7 +8,12 @@ how the token-level requests are computed:
 
 * requests sharing a prefix are packed into one prefix tree (``packing.py``) and the shared
   tokens run once, with an ancestor-only attention mask and per-node position ids;
-* rows are batched by token count (``row_tokens`` per row, ``batch_tokens`` per forward);
+* ``attention="tree"`` (default): one document's tree per row, rows of similar length in
+  width buckets laid end to end as one ``[1, N]`` sequence, attention run bucket by bucket
+  (``tree_attention.py``), so neither the linear layers nor attention pay for padding or for
+  pairs of unrelated documents; ``attention="mask"``: rows filled to ``row_tokens``, padded
+  into ``[B, T]`` with a 4D additive mask through the model's own attention;
+* forward passes are sized by token count (``batch_tokens``), not request count;
 * the LM head runs only at scored positions: when the model's logits are exactly
   ``lm_head(decoder(x))`` (checked once, ``find_plain_head``) the decoder runs once and the
   head plus fp32 log-softmax run ``head_rows`` scored positions at a time into reused
@@ -17,18 +22,19 @@ how the token-level requests are computed:
 * optional bf16 autocast (default fp32); log-softmax is always taken in fp32.
 
 Results equal stock ``HFLM`` up to float rounding, with the same ``is_greedy``. Measured on
-SmolLM2-135M, fp32, 3,198 requests of the five paper tasks: max |Δ logprob| 8.1e-5, no
-``is_greedy`` or metric differences (stock HFLM itself moves by up to 6.1e-5 between batch
-sizes 1 and 16); tiny test models stay below 1e-4. Results come back in request order and go
-to ``cache_hook``.
+SmolLM2-135M, fp32, 3,198 requests of the five paper tasks: max |Δ logprob| 6.2e-5 (tree
+attention; 8.1e-5 with the mask layout), no ``is_greedy`` or metric differences (stock HFLM
+itself moves by up to 6.1e-5 between batch sizes 1 and 16); tiny test models stay below 1e-4.
+Results come back in request order and go to ``cache_hook``.
 On its first call the scorer checks ``verify`` requests against the stock path and, if a
-model ignores the custom mask or position ids, falls back to the stock path
-(``fallback_reason`` says why).
+model ignores the tree layout, the custom mask or position ids, falls back from tree to mask
+attention and then to the stock path (``self_check_notes`` and ``fallback_reason`` say why).
 ``loglikelihood_rolling`` and ``generate_until`` are stock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from typing import Any
@@ -40,13 +46,28 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from flexigpt.evaluation.cpu_malloc import keep_heap_for_reuse
-from flexigpt.evaluation.packing import batch_rows, collate, pack_requests
+from flexigpt.evaluation.packing import (
+    PackedRow,
+    batch_rows,
+    bucket_rows,
+    collate,
+    collate_flat,
+    pack_requests,
+)
 from flexigpt.evaluation.scoring import score_rows
+from flexigpt.evaluation.tree_attention import tree_attention
 
 log = logging.getLogger(__name__)
 
 #: lm-eval's token-level request: ((context, continuation) | None, context ids, continuation ids)
 TokenRequest = tuple[Any, list[int], list[int]]
+#: ``"tree"``: one document per row, rows in width buckets laid end to end, attention per
+#: bucket (``tree_attention``); ``"mask"``: rows filled to ``row_tokens``, padded into
+#: ``[B, T]``, a 4D additive mask through the model's own attention.
+ATTENTION_MODES = ("tree", "mask")
+#: log-softmax rows reduced at a time on CPU (``score_rows``' ``tile_rows``): ~1.5 MB of a
+#: 49k vocabulary, so the argmax after the log-softmax reads from L2 cache.
+CPU_TILE_ROWS = 8
 
 
 @register_model("flexigpt-fast")
@@ -55,7 +76,9 @@ class FastHFLM(HFLM):
 
     Extra args:
         row_tokens: node budget of one packed prefix-tree row.
-        batch_tokens: ``rows × longest row`` budget of one forward pass.
+        batch_tokens: padded-token budget of one forward pass.
+        attention: ``"tree"`` (default) or ``"mask"`` (see ``ATTENTION_MODES``); the
+            self-check falls back from tree to mask to stock scoring.
         autocast_dtype: ``None`` (fp32, default) or ``"bfloat16"``/a torch dtype for autocast.
         verify: how many requests the first call checks against stock ``HFLM`` (0: none).
         verify_tol: allowed |Δ logprob| in that check (run in fp32).
@@ -68,11 +91,15 @@ class FastHFLM(HFLM):
     def __init__(self, *args: Any, row_tokens: int = 256, batch_tokens: int = 4096,
                  autocast_dtype: str | torch.dtype | None = None, verify: int = 8,
                  verify_tol: float = 1e-3, head_rows: int = 512, keep_heap: bool = True,
-                 **kwargs: Any) -> None:
+                 attention: str = "tree", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if row_tokens < 1 or batch_tokens < 1 or head_rows < 1:
             raise ValueError(f"row_tokens, batch_tokens and head_rows must be positive, got "
                              f"{row_tokens}, {batch_tokens} and {head_rows}")
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+        self.attention = attention
+        self.self_check_notes: list[str] = []
         if isinstance(autocast_dtype, str):
             autocast_dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
                               "float16": torch.float16, "fp16": torch.float16}.get(
@@ -108,12 +135,13 @@ class FastHFLM(HFLM):
     def fast_config(self) -> dict[str, Any]:
         """The scorer's settings, for result provenance."""
         return {"row_tokens": self.row_tokens, "batch_tokens": self.batch_tokens,
-                "head_rows": self.head_rows,
+                "head_rows": self.head_rows, "attention": self.attention,
                 "autocast_dtype": str(self.autocast_dtype).replace("torch.", "")
                 if self.autocast_dtype else None,
                 "head_only_at_scored": self._plain_head is not None or self._keep_kwarg,
                 "verify": self.verify,
                 "keep_heap": self.keep_heap, "chunked_head": self._plain_head is not None,
+                "self_check_notes": list(self.self_check_notes),
                 "fallback_reason": self.fallback_reason}
 
     # ---- dispatch ----------------------------------------------------------------------
@@ -128,25 +156,36 @@ class FastHFLM(HFLM):
         return self._fast_tokens(requests, disable_tqdm)
 
     def _self_check(self, requests: list[TokenRequest]) -> None:
-        """Compare the first ``verify`` requests with the stock path (fp32, no cache)."""
+        """Compare the first ``verify`` requests with the stock path (fp32, no cache), in the
+        chosen attention mode, then in ``"mask"`` mode; stock scoring if neither agrees."""
         self._verified = True
         sample = [(None, ctx, cont) for _, ctx, cont in requests[: self.verify]]
+        stock = super()._loglikelihood_tokens(sample, disable_tqdm=True)
+        for mode in dict.fromkeys((self.attention, "mask")):
+            self.attention = mode
+            problem = self._disagreement(sample, stock)
+            if problem is None:
+                return
+            self.self_check_notes.append(f"attention={mode}: {problem}")
+            log.warning("FastHFLM (attention=%s): %s", mode, problem)
+        self.fallback_reason = "; ".join(self.self_check_notes)
+        log.warning("FastHFLM: using stock HFLM scoring")
+
+    def _disagreement(self, sample: list[TokenRequest], stock: list[tuple[float, bool]],
+                      ) -> str | None:
+        """Why the fast path disagrees with ``stock`` on ``sample`` in fp32 (None: it agrees)."""
         autocast, self.autocast_dtype = self.autocast_dtype, None
         try:
             ours = self._fast_tokens(sample, disable_tqdm=True)
         except (RuntimeError, TypeError, ValueError, IndexError) as err:
-            self.fallback_reason = f"the packed forward failed: {type(err).__name__}: {err}"
-            log.warning("FastHFLM: %s; using stock HFLM scoring", self.fallback_reason)
-            return
+            return f"the packed forward failed: {type(err).__name__}: {err}"
         finally:
             self.autocast_dtype = autocast
-        stock = super()._loglikelihood_tokens(sample, disable_tqdm=True)
         worst = max(abs(a[0] - b[0]) for a, b in zip(ours, stock, strict=True))
         if worst > self.verify_tol or any(a[1] != b[1] for a, b in zip(ours, stock)):
-            self.fallback_reason = (f"self-check failed (max |Δ logprob| {worst:.3g} > "
-                                    f"{self.verify_tol:g} or is_greedy differs); the model "
-                                    "probably ignores custom 4D masks / position_ids")
-            log.warning("FastHFLM: %s; using stock HFLM scoring", self.fallback_reason)
+            return (f"self-check failed (max |Δ logprob| {worst:.3g} > {self.verify_tol:g} or "
+                    "is_greedy differs); the model probably ignores custom masks / position_ids")
+        return None
 
     # ---- the fast path -----------------------------------------------------------------
     def _fast_tokens(self, requests: list[TokenRequest], disable_tqdm: bool,
@@ -158,7 +197,10 @@ class FastHFLM(HFLM):
                                  f"({len(cont)} tokens, max {self.max_length}) must be non-empty")
             whole = (ctx + cont)[-(self.max_length + 1):]
             seqs.append((whole[:-1], len(cont), cont))
-        batches = batch_rows(pack_requests(seqs, self.row_tokens), self.batch_tokens)
+        tree = self.attention == "tree"
+        rows = pack_requests(seqs, self.row_tokens, per_document=tree)
+        batches = bucket_rows(rows, self.batch_tokens) if tree \
+            else [[rows] for rows in batch_rows(rows, self.batch_tokens)]
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         pbar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0,
                     desc="Running loglikelihood requests (fast)")
@@ -173,27 +215,37 @@ class FastHFLM(HFLM):
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def _score_batch(self, rows: list[Any]) -> list[tuple[int, tuple[float, bool]]]:
-        """Score every request of ``rows`` with one forward pass."""
-        param = next(self.model.parameters())
-        mask_dtype = self.autocast_dtype or param.dtype
+    def _score_batch(self, buckets: list[list[PackedRow]],
+                     ) -> list[tuple[int, tuple[float, bool]]]:
+        """Score every request of one forward pass (width buckets of rows; one bucket in
+        ``"mask"`` mode)."""
         pad_id = self.tokenizer.pad_token_id
-        ids, pos, mask = collate(rows, 0 if pad_id is None else pad_id, mask_dtype)
+        pad_id = 0 if pad_id is None else pad_id
+        if self.attention == "tree":
+            ids, pos, layout, starts = collate_flat(buckets, pad_id)
+            inputs: dict[str, Any] = {"input_ids": ids, "position_ids": pos,
+                                      "tree_layout": layout}
+            where = [(0, start) for start in starts]
+        else:
+            param = next(self.model.parameters())
+            ids, pos, mask = collate(buckets[0], pad_id, self.autocast_dtype or param.dtype)
+            inputs = {"input_ids": ids, "position_ids": pos, "attention_mask": mask}
+            where = [(b, 0) for b in range(len(buckets[0]))]
+        rows = [row for bucket in buckets for row in bucket]
+        scored = [(b, [start + n for n in s.nodes], s)  # (input row, positions, request)
+                  for (b, start), row in zip(where, rows, strict=True) for s in row.scored]
         keep = torch.zeros(ids.shape, dtype=torch.bool)
-        for b, row in enumerate(rows):
-            for s in row.scored:
-                keep[b, s.nodes] = True
+        for b, nodes, _ in scored:
+            keep[b, nodes] = True
         slot = torch.full(ids.shape, -1, dtype=torch.long)
         slot[keep] = torch.arange(int(keep.sum()))
         sel, tgt, owner, index = [], [], [], []
-        for b, row in enumerate(rows):
-            for s in row.scored:
-                sel.extend(slot[b, s.nodes].tolist())
-                tgt.extend(s.targets)
-                owner.extend([len(index)] * len(s.targets))
-                index.append(s.request)
-        tok_lp, greedy = self._score_packed(ids, pos, mask, keep, torch.tensor(sel),
-                                            torch.tensor(tgt))
+        for b, nodes, s in scored:
+            sel.extend(slot[b, nodes].tolist())
+            tgt.extend(s.targets)
+            owner.extend([len(index)] * len(s.targets))
+            index.append(s.request)
+        tok_lp, greedy = self._score_packed(inputs, keep, torch.tensor(sel), torch.tensor(tgt))
         dev = tok_lp.device
         owner_t = torch.tensor(owner, device=dev)
         total = torch.zeros(len(index), dtype=torch.float64, device=dev)
@@ -204,21 +256,23 @@ class FastHFLM(HFLM):
                 for i, t, m in zip(index, total.tolist(), misses.tolist(), strict=True)]
 
     @torch.no_grad()
-    def _score_packed(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-                      keep: torch.Tensor, sel: torch.Tensor, tgt: torch.Tensor,
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _score_packed(self, inputs: dict[str, Any], keep: torch.Tensor, sel: torch.Tensor,
+                      tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities and is-greedy of targets ``tgt [K]`` at kept rows ``sel [K]``.
 
+        ``inputs``: the model's keyword inputs (``input_ids [B, T]`` etc., on CPU);
         ``keep [B, T]`` marks the scored positions; ``sel`` indexes them in row-major order.
         With a plain head the decoder runs once and the LM head runs on ``head_rows`` kept
         positions at a time; otherwise the model's own forward gives all kept logits.
         """
         dev = self.device
-        kwargs: dict[str, Any] = {"input_ids": ids.to(dev), "position_ids": pos.to(dev),
-                                  "attention_mask": mask.to(dev), "use_cache": False}
+        kwargs: dict[str, Any] = {key: value.to(dev) for key, value in inputs.items()}
+        kwargs["use_cache"] = False
         sel, tgt = sel.to(dev), tgt.to(dev)
+        tree = "tree_layout" in inputs
         with torch.autocast(device_type=torch.device(dev).type, dtype=self.autocast_dtype,
-                            enabled=self.autocast_dtype is not None):
+                            enabled=self.autocast_dtype is not None), \
+                tree_attention(self.model) if tree else contextlib.nullcontext():
             if self._plain_head is not None:
                 decoder, head = self._plain_head
                 hidden = decoder(**kwargs).last_hidden_state[keep.to(dev)]  # [n_keep, d]
@@ -232,8 +286,9 @@ class FastHFLM(HFLM):
 
                 def logits_of(a: int, b: int) -> torch.Tensor:
                     return logits[a:b]
+            tile = CPU_TILE_ROWS if torch.device(dev).type == "cpu" else self.head_rows
             return score_rows(n_rows, logits_of, sel, tgt, self.head_rows,
-                              self._scratch("logp", vocab, dev))
+                              self._scratch("logp", tile, vocab, dev), tile_rows=tile)
 
     def _head(self, head: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
         """``head(hidden)`` for ``hidden [n, d]``; in plain fp32 written into a reused buffer
@@ -242,16 +297,16 @@ class FastHFLM(HFLM):
         if type(head) is not nn.Linear or torch.is_autocast_enabled(hidden.device.type) \
                 or hidden.dtype != weight.dtype or weight.dtype != torch.float32:
             return head(hidden)
-        buf = self._scratch("logits", weight.shape[0], weight.device)
+        buf = self._scratch("logits", self.head_rows, weight.shape[0], weight.device)
         out = torch.mm(hidden, weight.t(), out=buf[: hidden.shape[0]])
         return out if head.bias is None else out.add_(head.bias)
 
-    def _scratch(self, name: str, vocab: int, device: torch.device) -> torch.Tensor:
-        """A reused fp32 ``[head_rows, vocab]`` buffer (fresh ones cost page faults on CPU)."""
+    def _scratch(self, name: str, rows: int, vocab: int, device: torch.device) -> torch.Tensor:
+        """A reused fp32 ``[rows, vocab]`` buffer (fresh ones cost page faults on CPU)."""
         buf = self._buffers.get(name)
-        if buf is None or buf.shape != (self.head_rows, vocab) or buf.device != device:
-            buf = self._buffers[name] = torch.empty(self.head_rows, vocab,
-                                                    dtype=torch.float32, device=device)
+        if buf is None or buf.shape != (rows, vocab) or buf.device != device:
+            buf = self._buffers[name] = torch.empty(rows, vocab, dtype=torch.float32,
+                                                    device=device)
         return buf
 
     def _packed_logits(self, kwargs: dict[str, Any], keep: torch.Tensor) -> torch.Tensor:

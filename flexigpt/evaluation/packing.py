@@ -9,6 +9,12 @@ to exactly its ancestors and itself, which reproduces, token for token, the caus
 each request would see in its own unpadded sequence (up to float rounding: the attention
 reductions run over a longer, partly masked key range).
 
+Two layouts feed the model: ``batch_rows`` + ``collate`` pad rows (filled with several
+documents up to ``row_tokens``) into ``[B, T]`` with a 4D additive mask; ``bucket_rows`` +
+``collate_flat`` put one document per row (``pack_requests(per_document=True)``), group rows of
+similar length into width buckets and lay the buckets end to end as one ``[1, N]`` sequence
+described by a :class:`TreeLayout`, for ``tree_attention``.
+
 Shapes: a row holds ``n`` nodes; its mask is ``[n, n]`` (numpy bool, True = may attend).
 """
 
@@ -89,13 +95,18 @@ class PackedRow:
 
 
 def pack_requests(seqs: list[tuple[list[int], int, list[int]]],
-                  row_tokens: int) -> list[PackedRow]:
+                  row_tokens: int, per_document: bool = False) -> list[PackedRow]:
     """Pack requests into prefix-tree rows of at most ``row_tokens`` nodes.
 
     Args:
         seqs: per request ``(inp, n_scored, targets)``: the model input, how many of its
             last positions are scored, and the tokens they must predict.
         row_tokens: node budget per row; a request longer than it gets a row of its own.
+        per_document: also start a new row when fewer than half of a request's tokens are
+            already in the current row, so that a row holds one document (the choices of
+            one question) rather than several that share a few tokens such as
+            ``"Question:"``: for attention restricted to rows (``tree_attention``), a
+            longer row costs more than those shared tokens save.
 
     Returns:
         Rows covering every request exactly once. Requests are visited in lexicographic
@@ -108,7 +119,9 @@ def pack_requests(seqs: list[tuple[list[int], int, list[int]]],
     row = PackedRow()
     for i in order:
         inp, n_scored, targets = seqs[i]
-        if len(row) and len(row) + row.new_nodes(inp) > row_tokens:
+        new = row.new_nodes(inp)
+        if len(row) and (len(row) + new > row_tokens
+                         or per_document and 2 * new > len(inp)):
             rows.append(row)
             row = PackedRow()
         row.insert(i, inp, n_scored, targets)
@@ -132,6 +145,21 @@ def batch_rows(rows: list[PackedRow], batch_tokens: int) -> list[list[PackedRow]
     return batches
 
 
+def _fill(rows: list[PackedRow], width: int, pad_id: int,
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Right-pad ``rows`` to ``width``: ids and position ids ``[B, width]`` and the bool mask
+    ``[B, width, width]``; padding positions attend only to themselves (no empty softmax)."""
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    pos = np.zeros((len(rows), width), dtype=np.int64)
+    allowed = np.broadcast_to(np.eye(width, dtype=bool), (len(rows), width, width)).copy()
+    for b, row in enumerate(rows):
+        n = len(row)
+        ids[b, :n] = row.tokens
+        pos[b, :n] = row.positions
+        allowed[b, :n, :n] = row.mask()
+    return ids, pos, allowed
+
+
 def collate(rows: list[PackedRow], pad_id: int, dtype: torch.dtype,
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-pad rows into model inputs.
@@ -141,15 +169,93 @@ def collate(rows: list[PackedRow], pad_id: int, dtype: torch.dtype,
         ``[B, 1, T, T]`` of ``dtype`` (0 where allowed, the dtype's minimum elsewhere).
         Padding positions attend only to themselves (no fully masked softmax rows).
     """
-    width = max(len(r) for r in rows)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    pos = np.zeros((len(rows), width), dtype=np.int64)
-    allowed = np.broadcast_to(np.eye(width, dtype=bool), (len(rows), width, width)).copy()
-    for b, row in enumerate(rows):
-        n = len(row)
-        ids[b, :n] = row.tokens
-        pos[b, :n] = row.positions
-        allowed[b, :n, :n] = row.mask()
+    ids, pos, allowed = _fill(rows, max(len(r) for r in rows), pad_id)
     mask = torch.zeros(allowed.shape, dtype=dtype)
     mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(dtype).min)
     return torch.from_numpy(ids), torch.from_numpy(pos), mask[:, None]
+
+
+# ---- the flat layout: width buckets laid end to end (``tree_attention``) ---------------------
+@dataclass(frozen=True)
+class Bucket:
+    """``rows`` rows of width ``width`` at sequence offset ``start`` (``rows × width`` tokens).
+
+    ``mask [rows, 1, width, width]`` bool: True where a query may attend a key.
+    """
+
+    start: int
+    rows: int
+    width: int
+    mask: torch.Tensor
+
+    @property
+    def end(self) -> int:
+        return self.start + self.rows * self.width
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """The buckets of one ``[1, N]`` forward pass, in sequence order, covering ``0..N``."""
+
+    buckets: tuple[Bucket, ...]
+
+    @property
+    def length(self) -> int:
+        return self.buckets[-1].end if self.buckets else 0
+
+    def to(self, device: torch.device | str) -> TreeLayout:
+        return TreeLayout(tuple(Bucket(b.start, b.rows, b.width, b.mask.to(device))
+                                for b in self.buckets))
+
+
+
+def bucket_rows(rows: list[PackedRow], batch_tokens: int, slack: float = 0.0625,
+                ) -> list[list[list[PackedRow]]]:
+    """Group rows into forward passes of width buckets (passes → buckets → rows).
+
+    Rows are taken longest first. A bucket's width is its first row's length; the next row
+    joins it while at least ``(1 - slack) × width`` long (padding stays below ``slack`` of
+    the bucket), otherwise it opens a new bucket. A pass closes when its padded tokens would
+    exceed ``batch_tokens``; a row longer than that is a pass of its own.
+    """
+    if not 0 <= slack < 1:
+        raise ValueError(f"slack must be in [0, 1), got {slack}")
+    passes: list[list[list[PackedRow]]] = []
+    tokens = 0
+    for row in sorted(rows, key=len, reverse=True):
+        if passes:
+            bucket = passes[-1][-1]
+            joins = len(row) >= (1 - slack) * len(bucket[0])
+            cost = len(bucket[0]) if joins else len(row)
+            if tokens + cost <= batch_tokens:
+                if joins:
+                    bucket.append(row)
+                else:
+                    passes[-1].append([row])
+                tokens += cost
+                continue
+        passes.append([[row]])
+        tokens = len(row)
+    return passes
+
+
+def collate_flat(buckets: list[list[PackedRow]], pad_id: int,
+                 ) -> tuple[torch.Tensor, torch.Tensor, TreeLayout, list[int]]:
+    """Lay buckets end to end as one sequence.
+
+    Returns:
+        ``input_ids [1, N]``, ``position_ids [1, N]``, the :class:`TreeLayout` (per bucket a
+        bool mask ``[rows, 1, W, W]``) and the sequence offset of each row, in bucket order.
+    """
+    ids, pos, layout, starts = [], [], [], []
+    offset = 0
+    for rows in buckets:
+        width = len(rows[0])
+        b_ids, b_pos, allowed = _fill(rows, width, pad_id)
+        ids.append(b_ids.ravel())
+        pos.append(b_pos.ravel())
+        layout.append(Bucket(offset, len(rows), width, torch.from_numpy(allowed)[:, None]))
+        starts.extend(range(offset, offset + len(rows) * width, width))
+        offset += len(rows) * width
+    return (torch.from_numpy(np.concatenate(ids))[None], torch.from_numpy(np.concatenate(pos))[None],
+            TreeLayout(tuple(layout)), starts)
