@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench_train import matmul_peak
 from flexigpt.artifacts import load_compressed
-from flexigpt.evaluation.lm import ATTENTION_MODES
+from flexigpt.evaluation.lm import ATTENTION_MODES, max_abs_diff
 from flexigpt.evaluation.tasks import PAPER_TASKS, build_task, task_specs
 from flexigpt.evaluation.zeroshot import make_lm
 
@@ -78,11 +78,6 @@ def metrics(task: Any, instances: list[Any], answers: list[tuple[float, bool]]) 
         for k, v in res.items():
             sums[k] += float(v)
     return {k: v / len(per_doc) for k, v in sums.items()}
-
-
-def max_abs_diff(ref: list[tuple[float, bool]], other: list[tuple[float, bool]]) -> float:
-    """Largest |Δ logprob| between two scorers' answers to the same requests."""
-    return max(abs(a[0] - b[0]) for a, b in zip(ref, other, strict=True))
 
 
 def timed(lm: Any, instances: list[Any]) -> tuple[list[tuple[float, bool]], float, float]:

@@ -181,7 +181,7 @@ class FastHFLM(HFLM):
             return f"the packed forward failed: {type(err).__name__}: {err}"
         finally:
             self.autocast_dtype = autocast
-        worst = max(abs(a[0] - b[0]) for a, b in zip(ours, stock, strict=True))
+        worst = max_abs_diff(stock, ours)
         if worst > self.verify_tol or any(a[1] != b[1] for a, b in zip(ours, stock)):
             return (f"self-check failed (max |Δ logprob| {worst:.3g} > {self.verify_tol:g} or "
                     "is_greedy differs); the model probably ignores custom masks / position_ids")
@@ -200,7 +200,7 @@ class FastHFLM(HFLM):
         tree = self.attention == "tree"
         rows = pack_requests(seqs, self.row_tokens, per_document=tree)
         batches = bucket_rows(rows, self.batch_tokens) if tree \
-            else [[rows] for rows in batch_rows(rows, self.batch_tokens)]
+            else [[batch] for batch in batch_rows(rows, self.batch_tokens)]
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         pbar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0,
                     desc="Running loglikelihood requests (fast)")
@@ -327,6 +327,11 @@ class FastHFLM(HFLM):
             raise RuntimeError(f"model returned logits of shape {tuple(logits.shape)} for "
                                f"input {shape}")
         return logits[keep.to(logits.device)]
+
+
+def max_abs_diff(ref: list[tuple[float, bool]], other: list[tuple[float, bool]]) -> float:
+    """Largest |Δ logprob| between two scorers' answers to the same requests."""
+    return max(abs(a[0] - b[0]) for a, b in zip(ref, other, strict=True))
 
 
 @torch.no_grad()

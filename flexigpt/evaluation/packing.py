@@ -208,7 +208,6 @@ class TreeLayout:
                                 for b in self.buckets))
 
 
-
 def bucket_rows(rows: list[PackedRow], batch_tokens: int, slack: float = 0.0625,
                 ) -> list[list[list[PackedRow]]]:
     """Group rows into forward passes of width buckets (passes → buckets → rows).
@@ -257,5 +256,6 @@ def collate_flat(buckets: list[list[PackedRow]], pad_id: int,
         layout.append(Bucket(offset, len(rows), width, torch.from_numpy(allowed)[:, None]))
         starts.extend(range(offset, offset + len(rows) * width, width))
         offset += len(rows) * width
-    return (torch.from_numpy(np.concatenate(ids))[None], torch.from_numpy(np.concatenate(pos))[None],
-            TreeLayout(tuple(layout)), starts)
+    flat_ids = torch.from_numpy(np.concatenate(ids))[None]
+    flat_pos = torch.from_numpy(np.concatenate(pos))[None]
+    return flat_ids, flat_pos, TreeLayout(tuple(layout)), starts
