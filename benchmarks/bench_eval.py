@@ -8,6 +8,10 @@ the largest |Δ logprob| and is_greedy mismatches vs stock, and the task metrics
 lm-eval's own ``process_results``) of each.
 ``--extra-stock-batch-size 1`` adds stock HFLM at lm-eval's default batch size to the round
 robin (the configuration behind the "~4 requests/s" usually quoted for this CPU).
+Each task also reports ``work``: the tokens stock and the fast plan feed the model, counted
+from the plan (``FastHFLM.last_work``), and their matmul FLOP ratio, i.e. the speed-up at
+equal FLOP rates; the measured speed-up divided by it is the fast path's per-FLOP efficiency
+relative to stock.
 ``--profile`` adds one profiled pass per scorer and task: the matmul TFLOP each does and the
 share of its op time spent in matmuls, hence the *ceiling* of the speed-up, i.e. what it would
 be if the fast path spent nothing outside its matmuls and ran them at stock's matmul rate.
@@ -25,15 +29,18 @@ import json
 import logging
 import time
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from bench_train import matmul_peak
 from flexigpt.artifacts import load_compressed
 from flexigpt.evaluation.lm import ATTENTION_MODES, max_abs_diff
+from flexigpt.evaluation.packing import WorkCounts
 from flexigpt.evaluation.tasks import PAPER_TASKS, build_task, task_specs
 from flexigpt.evaluation.zeroshot import make_lm
 
@@ -78,6 +85,21 @@ def metrics(task: Any, instances: list[Any], answers: list[tuple[float, bool]]) 
         for k, v in res.items():
             sums[k] += float(v)
     return {k: v / len(per_doc) for k, v in sums.items()}
+
+
+def matmul_flops_per_token(model: nn.Module) -> tuple[float, float]:
+    """``(decoder, LM head)`` matmul FLOPs per token: 2 × in × out of every ``nn.Linear``
+    module (a weight shared by two modules counts twice, as it runs twice); attention scores
+    are not counted."""
+    head = model.get_output_embeddings()
+    body = sum(2 * m.in_features * m.out_features for m in model.get_decoder().modules()
+               if isinstance(m, nn.Linear))
+    return float(body), float(2 * head.in_features * head.out_features)
+
+
+def work_report(work: WorkCounts, flops: tuple[float, float]) -> dict[str, Any]:
+    """``work``'s counts plus the matmul FLOP ratio stock / fast."""
+    return {**asdict(work), "flop_ratio": work.flop_ratio(*flops)}
 
 
 def timed(lm: Any, instances: list[Any]) -> tuple[list[tuple[float, bool]], float, float]:
@@ -175,6 +197,7 @@ def main() -> None:
                               "batch_size": args.batch_size, "fast": fast.fast_config(),
                               "tasks": {}}
     totals: dict[str, float] = defaultdict(float)
+    flops, work_total = matmul_flops_per_token(model), WorkCounts()
     prof_totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     n_total = 0
     for name in [t for t in args.tasks.split(",") if t]:
@@ -188,7 +211,9 @@ def main() -> None:
                "stock_rounds_s": all_stock, "fast_rounds_s": all_fast,
                "max_abs_diff": max_abs_diff(ref, ours),
                "greedy_mismatch": sum(a[1] != b[1] for a, b in zip(ref, ours)),
-               "metrics_stock": metrics(task, inst, ref), "metrics_fast": metrics(task, inst, ours)}
+               "metrics_stock": metrics(task, inst, ref), "metrics_fast": metrics(task, inst, ours),
+               "work": work_report(fast.last_work, flops)}
+        work_total += fast.last_work
         if bf16 is not None:
             low, t_bf16, w_bf16, _ = runs["bf16"]
             m_bf16 = metrics(task, inst, low)
@@ -216,15 +241,17 @@ def main() -> None:
         report["tasks"][name] = row
         if args.out:  # partial report after every task
             Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        log.info("%s: %d req, CPU s: stock %.1f, fast %.1f (×%.2f)%s, max|Δ| %.2e, greedy≠ %d, "
-                 "metrics %s vs %s", name, len(inst), t_stock, t_fast, t_stock / t_fast,
+        log.info("%s: %d req, CPU s: stock %.1f, fast %.1f (×%.2f; FLOP ratio ×%.2f)%s, "
+                 "max|Δ| %.2e, greedy≠ %d, metrics %s vs %s", name, len(inst), t_stock, t_fast,
+                 t_stock / t_fast, row["work"]["flop_ratio"],
                  f", bf16 {row['bf16_s']:.1f} (×{row['speedup_bf16']:.2f})" if bf16 else "",
                  row["max_abs_diff"], row["greedy_mismatch"], row["metrics_stock"],
                  row["metrics_fast"])
     report["machine_after"] = machine_condition()
     report["overall"] = {"requests": n_total, **{f"{k}_s": v for k, v in totals.items()},
                          **{f"{k}_req_per_s": n_total / v for k, v in totals.items()},
-                         "speedup": totals["stock"] / totals["fast"]}
+                         "speedup": totals["stock"] / totals["fast"],
+                         "work": work_report(work_total, flops)}
     if bf16 is not None:
         report["overall"]["speedup_bf16"] = totals["stock"] / totals["bf16"]
     if extra_name in lms:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import WORDS, make_model, make_tokenizer
-from flexigpt.evaluation.packing import (batch_rows, bucket_rows, collate, collate_flat,
-                                         pack_requests)
+from flexigpt.evaluation.packing import (WorkCounts, batch_rows, bucket_rows, collate,
+                                         collate_flat, pack_requests, plan_work)
 
 pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
@@ -131,6 +131,24 @@ def test_per_document_rows_buckets_and_flat_layout():
         bucket_rows(rows, 100, slack=1.0)
 
 
+def test_plan_work_counts_stock_and_tree_tokens():
+    seqs = [([1, 2, 3, 4], 2, [4, 5]), ([1, 2, 3, 7], 1, [8]), ([9, 9], 1, [1]),
+            ([1, 2, 6], 2, [6, 1]), ([1, 2, 3, 4], 2, [4, 5])]  # the last repeats the first
+    passes = bucket_rows(pack_requests(seqs, row_tokens=100), batch_tokens=100)
+    work = plan_work(seqs, passes)
+    # stock runs the 4 distinct inputs (4 + 4 + 2 + 3 tokens); the tree has 8 nodes and
+    # scores 6 distinct positions (3, 4 | 7 | second 9 | 2, 6)
+    assert work == WorkCounts(requests=5, stock_tokens=13, tree_tokens=8, forward_tokens=8,
+                              head_positions=6)
+    assert plan_work(seqs, passes, stock_batch=2).stock_tokens == 4 * 2 + 3 * 2  # padded
+    assert work.flop_ratio(body_flops=10, head_flops=1) == pytest.approx(13 * 11 / (8 * 10 + 6))
+    assert (work + work).tree_tokens == 16
+    two = bucket_rows(pack_requests(seqs, row_tokens=100, per_document=True), 100, slack=0.5)
+    assert plan_work(seqs, two).forward_tokens == sum(len(b[0]) * len(b) for p in two for b in p)
+    with pytest.raises(ValueError, match="stock_batch"):
+        plan_work(seqs, passes, stock_batch=0)
+
+
 def test_tree_attention_switch_restores_the_model(tiny_model):
     from flexigpt.evaluation.tree_attention import ATTENTION_NAME, tree_attention
 
@@ -168,6 +186,10 @@ def test_fast_matches_stock(tiny_model, tiny_tokenizer, row_tokens, batch_tokens
     ours = fast.loglikelihood(reqs, disable_tqdm=True)
     assert_same(ref, ours)
     assert any(a[1] for a in ref), "no greedy continuation exercised"
+    work = fast.last_work  # counted from the plan just run
+    assert work.requests == len(reqs)
+    assert work.tree_tokens < work.stock_tokens and work.tree_tokens <= work.forward_tokens
+    assert 0 < work.head_positions < work.tree_tokens
     lengths = [sum(map(len, stock._encode_pair(*r.args))) for r in reqs if r.args[0]]
     assert max(lengths) > stock.max_length + 1, "no left truncation exercised"
     # results reach the cache in request terms

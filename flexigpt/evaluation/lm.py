@@ -48,11 +48,13 @@ from tqdm.auto import tqdm
 from flexigpt.evaluation.cpu_malloc import keep_heap_for_reuse
 from flexigpt.evaluation.packing import (
     PackedRow,
+    WorkCounts,
     batch_rows,
     bucket_rows,
     collate,
     collate_flat,
     pack_requests,
+    plan_work,
 )
 from flexigpt.evaluation.scoring import score_rows
 from flexigpt.evaluation.tree_attention import tree_attention
@@ -100,6 +102,9 @@ class FastHFLM(HFLM):
             raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
         self.attention = attention
         self.self_check_notes: list[str] = []
+        #: tokens the last fast-path call fed the model vs what stock would feed at this
+        #: ``batch_size`` (``plan_work``)
+        self.last_work: WorkCounts | None = None
         if isinstance(autocast_dtype, str):
             autocast_dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
                               "float16": torch.float16, "fp16": torch.float16}.get(
@@ -201,6 +206,8 @@ class FastHFLM(HFLM):
         rows = pack_requests(seqs, self.row_tokens, per_document=tree)
         batches = bucket_rows(rows, self.batch_tokens) if tree \
             else [[batch] for batch in batch_rows(rows, self.batch_tokens)]
+        stock_batch = self.batch_size if isinstance(self.batch_size, int) else 1
+        self.last_work = plan_work(seqs, batches, stock_batch)
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         pbar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0,
                     desc="Running loglikelihood requests (fast)")

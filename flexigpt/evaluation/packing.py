@@ -20,7 +20,7 @@ Shapes: a row holds ``n`` nodes; its mask is ``[n, n]`` (numpy bool, True = may 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -259,3 +259,58 @@ def collate_flat(buckets: list[list[PackedRow]], pad_id: int,
     flat_ids = torch.from_numpy(np.concatenate(ids))[None]
     flat_pos = torch.from_numpy(np.concatenate(pos))[None]
     return flat_ids, flat_pos, TreeLayout(tuple(layout)), starts
+
+
+# ---- what a plan costs ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkCounts:
+    """Tokens a scoring plan feeds the model, counted without running it.
+
+    Attributes:
+        requests: token-level requests.
+        stock_tokens: tokens stock ``HFLM`` feeds for the same requests: each distinct
+            model input (``(context + continuation)[:-1]`` after truncation; lm-eval's
+            collator runs identical ones once) padded to the longest of its batch when
+            ``plan_work`` is given stock's batch size (longest first, as the collator sorts);
+            stock also runs the LM head and log-softmax at every one of them.
+        tree_tokens: prefix-tree nodes (shared prefixes once).
+        forward_tokens: tokens in the plan's forward passes (nodes plus padding).
+        head_positions: distinct positions whose logits are scored (the LM head runs there).
+    """
+
+    requests: int = 0
+    stock_tokens: int = 0
+    tree_tokens: int = 0
+    forward_tokens: int = 0
+    head_positions: int = 0
+
+    def __add__(self, other: WorkCounts) -> WorkCounts:
+        return WorkCounts(*(getattr(self, f.name) + getattr(other, f.name)
+                            for f in fields(self)))
+
+    def flop_ratio(self, body_flops: float, head_flops: float) -> float:
+        """Stock's matmul FLOPs over the plan's, given per-token FLOPs of the decoder's
+        linear layers and of the LM head (attention scores not counted): the speed-up the
+        plan gives at equal FLOP rates and no other costs."""
+        ours = self.forward_tokens * body_flops + self.head_positions * head_flops
+        return self.stock_tokens * (body_flops + head_flops) / ours
+
+
+def plan_work(seqs: list[tuple[list[int], int, list[int]]],
+              passes: list[list[list[PackedRow]]], stock_batch: int = 1) -> WorkCounts:
+    """:class:`WorkCounts` of ``passes`` (passes → buckets → rows, each bucket padded to its
+    first row, as ``bucket_rows`` makes them and ``collate``/``collate_flat`` pad them) for the
+    requests ``seqs`` (``pack_requests``' input), against stock at batch size
+    ``stock_batch``."""
+    if stock_batch < 1:
+        raise ValueError(f"stock_batch must be positive, got {stock_batch}")
+    buckets = [bucket for one_pass in passes for bucket in one_pass]
+    rows = [row for bucket in buckets for row in bucket]
+    lengths = sorted(map(len, {tuple(inp) for inp, _, _ in seqs}), reverse=True)
+    return WorkCounts(
+        requests=len(seqs),
+        stock_tokens=sum(lengths[i] * len(lengths[i:i + stock_batch])
+                         for i in range(0, len(lengths), stock_batch)),
+        tree_tokens=sum(map(len, rows)),
+        forward_tokens=sum(len(bucket[0]) * len(bucket) for bucket in buckets),
+        head_positions=sum(len({n for s in row.scored for n in s.nodes}) for row in rows))
