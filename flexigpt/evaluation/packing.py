@@ -13,7 +13,8 @@ Two layouts feed the model: ``batch_rows`` + ``collate`` pad rows (filled with s
 documents up to ``row_tokens``) into ``[B, T]`` with a 4D additive mask; ``bucket_rows`` +
 ``collate_flat`` put one document per row (``pack_requests(per_document=True)``), group rows of
 similar length into width buckets and lay the buckets end to end as one ``[1, N]`` sequence
-described by a :class:`TreeLayout`, for ``tree_attention``.
+described by a :class:`TreeLayout`, for ``tree_attention``. ``plan_work`` counts what a plan
+feeds the model against what stock ``HFLM`` would (:class:`WorkCounts`).
 
 Shapes: a row holds ``n`` nodes; its mask is ``[n, n]`` (numpy bool, True = may attend).
 """
