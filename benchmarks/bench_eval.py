@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from bench_train import matmul_peak
+from bench_train import macs_per_token, matmul_peak
 from flexigpt.artifacts import load_compressed
 from flexigpt.evaluation.lm import ATTENTION_MODES, max_abs_diff
 from flexigpt.evaluation.packing import WorkCounts
@@ -88,13 +88,13 @@ def metrics(task: Any, instances: list[Any], answers: list[tuple[float, bool]]) 
 
 
 def matmul_flops_per_token(model: nn.Module) -> tuple[float, float]:
-    """``(decoder, LM head)`` matmul FLOPs per token: 2 × in × out of every ``nn.Linear``
-    module (a weight shared by two modules counts twice, as it runs twice); attention scores
-    are not counted."""
+    """``(decoder, LM head)`` matmul FLOPs per token: twice ``bench_train.macs_per_token``'s
+    linear MACs (every use of a linear layer, LoRA paths included), split into the LM head and
+    the rest; attention scores are not counted."""
     head = model.get_output_embeddings()
-    body = sum(2 * m.in_features * m.out_features for m in model.get_decoder().modules()
-               if isinstance(m, nn.Linear))
-    return float(body), float(2 * head.in_features * head.out_features)
+    head_macs = head.in_features * head.out_features
+    linear_macs = macs_per_token(model, seq_len=0)["linear"]
+    return float(2 * (linear_macs - head_macs)), float(2 * head_macs)
 
 
 def work_report(work: WorkCounts, flops: tuple[float, float]) -> dict[str, Any]:
