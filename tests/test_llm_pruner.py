@@ -167,8 +167,18 @@ def test_api_compress_roundtrip(tmp_path, tiny_checkpoint, text_file):
     manifest = api_compress("llm_pruner", str(tiny_checkpoint), out, options={"ratio": 0.3},
                             calibration=str(text_file), n_calibration=4, calibration_seq_len=32)
     assert abs(manifest["parameters"]["achieved_ratio"] - 0.3) <= 0.01
-    assert manifest["info"]["recovery"] == {**manifest["info"]["recovery"], "recipe": "lora",
-                                            "rank": 8, "alpha": 16, "lr": 1e-4}
+    ad = get_adapter(make_model())
+    assert manifest["info"]["recovery"] == {"recipe": "lora", "rank": 8, "alpha": 16.0,
+                                            "dropout": 0.05, "lr": 1e-4,
+                                            "targets": list(ad.attn_linears + ad.mlp_linears)}
+    from flexigpt.training.config import TrainConfig, resolve_plan  # the shared trainer reads it
+
+    plan = resolve_plan(TrainConfig(), manifest)
+    assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lr) == \
+        ("lora", 8, 16.0, 0.05, 1e-4)
+    assert plan.lora_targets == tuple(manifest["info"]["recovery"]["targets"])
+    assert all(plan.sources[k] == "manifest" for k in
+               ("recipe", "lr", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"))
     loaded = load_compressed(out)
     dense = make_model()  # the weights of tiny_checkpoint
     windows = token_windows(text_file, loaded.tokenizer, 32, 4, 0)

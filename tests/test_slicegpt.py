@@ -93,9 +93,12 @@ def test_layernorm_fusion_path_is_exact():
 
 
 def _sliced(tied: bool = True, ratio: float = 0.3, **options):
+    """Slice a tiny model. ``round_to`` defaults to 1: on this vocabulary-dominated model one
+    feature of width is ≈2 % of the parameters with the (official, untied) sliced head, so
+    coarser steps cannot meet a ±1 % target."""
     model = make_model(tied=tied)
     dense = count_parameters(model)
-    cfg = SliceGPTConfig(ratio=ratio, round_to=options.pop("round_to", 2), batch_size=4, **options)
+    cfg = SliceGPTConfig(ratio=ratio, round_to=options.pop("round_to", 1), batch_size=4, **options)
     result = compress(model, None, _ids(), cfg)
     return result, dense
 
@@ -138,10 +141,50 @@ def test_parameter_target_within_one_point(ratio):
     result, dense = _sliced(ratio=ratio)
     achieved = 1 - count_parameters(result.model) / dense
     assert abs(achieved - ratio) <= 0.01
-    assert result.info["head"] == "tied" and result.info["target"] == "parameters"
-    assert result.info["width"] % 2 == 0
+    assert result.info["head"] == "sliced" and result.info["target"] == "parameters"
+    assert result.info["width"] < 64
     logits = result.model(input_ids=_ids(2, 10, seed=5)).logits
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("ratio", [0.3, 0.4])
+def test_auto_head_on_tied_model_is_the_official_sliced_head(ratio):
+    """``auto`` on a tied model: untied head, input sliced to the width; the new V×d′ head
+    matrix is counted beside the V×d′ embedding and the ratio still meets the target."""
+    V, tol = 300, 0.01
+    model = make_model(tied=True)
+    ad = get_adapter(model)
+    assert is_tied(model, ad)
+    dense = count_parameters(model)
+    cfg = SliceGPTConfig(ratio=ratio, round_to=1, batch_size=4, tolerance=tol)  # see _sliced
+    assert cfg.head == "auto"
+    result = compress(model, None, _ids(), cfg)
+    info, m = result.info, result.model
+    assert (info["head"], info["head_requested"], info["head_official"]) == ("sliced", "auto", True)
+    assert info["dense_head_tied"] is True and result.structure["plan"]["head"] == "sliced"
+    w = info["width"]
+    assert not is_tied(m, ad) and not m.config.tie_word_embeddings
+    assert ad.lm_head(m).weight.shape == ad.embed(m).weight.shape == (V, w)
+    assert ad.lm_head(m).weight.data_ptr() != ad.embed(m).weight.data_ptr()
+    assert info["head_parameters"] == V * w  # the untied head is a new matrix, counted
+    after = count_parameters(m)
+    assert after == info["parameters"] == info["predicted_parameters"]
+    achieved = 1 - after / dense
+    assert abs(achieved - ratio) <= tol
+    assert info["achieved_ratio"] == pytest.approx(achieved, abs=1e-6)
+    # honest accounting: the same plan with the head left shared would be V·w fewer
+    plan = Plan(**result.structure["plan"])
+    assert info["predicted_parameters"] - predict_parameters(
+        make_model(tied=True), ad, Plan(plan.embed, plan.mid, plan.out, "tied"), True) \
+        == V * w - w * w  # untied V×w head instead of the variant's w×w projection
+
+
+def test_auto_head_on_untied_model_is_unsliced_and_tied_is_labelled():
+    result, _ = _sliced(tied=False)
+    assert (result.info["head"], result.info["head_official"]) == ("unsliced", True)
+    result, _ = _sliced(head="tied")
+    assert (result.info["head"], result.info["head_official"]) == ("tied", False)
+    assert result.info["head_parameters"] == result.info["width"] ** 2  # d′×d′ projection
 
 
 def test_unsliced_head_costs_a_full_head_on_tied_models():
@@ -155,7 +198,7 @@ def test_unsliced_head_costs_a_full_head_on_tied_models():
 
 
 def test_reload_gives_identical_logits(tmp_path, tiny_tokenizer, text_file):
-    for head in ("tied", "unsliced"):
+    for head in ("tied", "unsliced", "sliced"):
         model = make_model()
         windows = token_windows(text_file, tiny_tokenizer, 32, 8, seed=0)
         result = compress(model, tiny_tokenizer, windows,
@@ -208,7 +251,7 @@ def test_pad_positions_are_excluded():
     mask[3, 10:] = 0
     other = ids.clone()
     other[mask == 0] = 7
-    cfg = SliceGPTConfig(ratio=0.3, round_to=2, batch_size=4)
+    cfg = SliceGPTConfig(ratio=0.3, round_to=1, batch_size=4)  # round_to: see _sliced
     a = compress(make_model(), None, ids, cfg, mask=mask).model.state_dict()
     b = compress(make_model(), None, other, cfg, mask=mask).model.state_dict()
     c = compress(make_model(), None, other, cfg).model.state_dict()
@@ -240,14 +283,25 @@ def test_random_orientation_and_registry():
     from flexigpt.train import TrainConfig, resolve_plan  # the shared trainer reads the recipe
 
     plan = resolve_plan(TrainConfig(), {"method": "slicegpt", "info": result.info})
-    assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lr) == ("lora", 32, 10.0, 2e-4)
+    assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lr) == \
+        ("lora", 32, 10.0, 0.05, 2e-4)
     assert plan.lora_targets == tuple(result.info["recovery"]["targets"])
+    assert all(plan.sources[k] == "manifest" for k in
+               ("recipe", "lr", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"))
+    ad = get_adapter(result.model)  # targets come from the architecture adapter
+    assert result.info["recovery"]["targets"] == list(ad.attn_linears + ad.mlp_linears)
 
 
 @pytest.mark.parametrize("options,match", [
     ({"ratio": 1.5}, "ratio"), ({"head": "big"}, "head"), ({"round_to": 0}, "round_to"),
     ({"pca_dtype": "float16"}, "pca_dtype"), ({"target": "layers"}, "target"),
-    ({"tolerance": 0}, "tolerance"), ({"lora_alpha": -1}, "lora_alpha")])
+    ({"tolerance": 0}, "tolerance"), ({"lora_alpha": -1}, "lora_alpha"),
+    ({"head": None}, "head"), ({"orientation": "pcaa"}, "orientation"),
+    ({"recovery": "full"}, "recovery"), ({"batch_size": 0}, "batch_size"),
+    ({"lora_rank": 2.5}, "lora_rank"), ({"seed": "0"}, "seed"), ({"damping": 1.0}, "damping"),
+    ({"damping": True}, "damping"), ({"tolerance": True}, "tolerance"),
+    ({"lora_lr": float("nan")}, "lora_lr"), ({"lora_alpha": float("inf")}, "lora_alpha"),
+    ({"lora_dropout": 1.0}, "lora_dropout"), ({"lora_dropout": False}, "lora_dropout")])
 def test_config_errors(options, match):
     with pytest.raises(ValueError, match=match):
         SliceGPTConfig(**options)

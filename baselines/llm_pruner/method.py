@@ -31,16 +31,23 @@ from baselines.llm_pruner.config import LLMPrunerConfig
 from baselines.llm_pruner.importance import group_importance
 from baselines.llm_pruner.surgery import apply_structure, head_dim_of, prune_block, structure_of
 from flexigpt.artifacts import empty_model
-from flexigpt.models.adapters import get_adapter
+from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.registry import CompressionResult, Method
 
 log = logging.getLogger(__name__)
 
-#: The paper's recovery recipe (LoRA r=8, α=16, lr 1e-4 on all linears), for the trainer.
-RECOVERY = {"recipe": "lora", "rank": 8, "alpha": 16, "lr": 1e-4,
-            "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                        "down_proj"]}
+#: The paper's recovery recipe (official ``post_training.py``: LoRA r 8, α 16, dropout
+#: 0.05, lr 1e-4 on every attention and MLP linear), for the shared trainer; the targets
+#: come from the architecture adapter (:func:`recovery_recipe`).
+RECOVERY = {"recipe": "lora", "rank": 8, "alpha": 16.0, "dropout": 0.05, "lr": 1e-4}
+
+
+def recovery_recipe(adapter: ArchAdapter) -> dict[str, Any]:
+    """``info["recovery"]`` read by ``flexigpt.training.config.resolve_plan``: :data:`RECOVERY`
+    with ``targets`` = the adapter's attention and MLP linears (short names)."""
+    return {**RECOVERY,
+            "targets": list(dict.fromkeys(adapter.attn_linears + adapter.mlp_linears))}
 
 
 @dataclass(frozen=True)
@@ -173,7 +180,7 @@ def compress(model: nn.Module, tokenizer: Any, calibration: Any,
             "calibration_loss": loss, "n_windows": int(windows.shape[0]),
             "importance_seconds": round(t1 - t0, 3),
             "surgery_seconds": round(time.perf_counter() - t1, 3),
-            "recovery": dict(RECOVERY)}
+            "recovery": recovery_recipe(adapter)}
     return CompressionResult(model=model, structure=structure, info=info)
 
 

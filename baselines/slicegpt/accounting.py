@@ -5,10 +5,15 @@ after each block's attention ``mid[i]`` and after each block ``out[i]`` (the inp
 ``i`` is ``out[i-1]``, or ``embed`` for block 0). ``predict_parameters`` counts exactly what
 ``flexigpt.params.count_parameters`` will count on the sliced model (tests check this):
 
-    V·d₀ (embedding) + head [V·d_L untied | d_L·d₀ re-tied projection]
+    V·d₀ (embedding) + head [V·d_L (+bias) untied | d_L·d₀ re-tied projection]
     + Σ_blocks [ in-linears d_in·out + out-linears in·d_mid (+bias) + d_in·d_mid (attn Q)
                  + MLP in-linears d_mid·f + out-linears f·d_out + d_mid·d_out (MLP Q) ]
     (norms become weight-free; other parameters, e.g. per-head q/k norms, unchanged)
+
+Heads "unsliced" and "sliced" (the official ones) are untied: on a dense model whose head
+shared the embedding's storage (counted once there), the sliced model's head is a *new*
+``V·d_L`` matrix counted on top of the ``V·d₀`` embedding. Only the harness's "tied" variant
+keeps one ``V·d₀`` matrix (plus the ``d_L·d₀`` projection).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ class Plan:
     embed: int
     mid: list[int]
     out: list[int]
-    head: str  # "unsliced" | "sliced" | "tied"
+    head: str  # "unsliced" | "sliced" (official, untied) | "tied" (harness variant)
 
     @classmethod
     def constant(cls, width: int, layers: int, hidden: int, head: str) -> Plan:

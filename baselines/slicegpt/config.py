@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from flexigpt.registry import validate_ratio
@@ -25,11 +26,17 @@ class SliceGPTConfig:
             rounded down to ``round_to``.
         target: ``"parameters"`` (solve the width from a parameter target) or
             ``"slicing_fraction"`` (the paper's "30 %").
-        head: ``"unsliced"`` (official default: untied full-width head), ``"sliced"``
-            (head input rotated by the last Q and sliced), ``"tied"`` (tied models only:
-            head re-tied to the sliced embedding, with a d′×d′ projection after the final
-            norm that carries the final-norm scale), ``"auto"`` = ``"tied"`` for models
-            with tied embeddings, else ``"unsliced"``.
+        head: treatment of the LM head. Official SliceGPT choices: ``"unsliced"`` (the
+            official default: the head keeps its full input width D and is untied from the
+            embedding) and ``"sliced"`` (the official code's head slicing: the head input is
+            rotated by the last block's Q and sliced to the width; on a tied model the head
+            is untied, so it becomes a new V×d′ matrix, counted in the parameters).
+            ``"tied"`` is **this harness's variant, not the paper's** (tied models only): the
+            head is re-tied to the sliced embedding through a d′×d′ projection after the
+            final norm that carries the final-norm scale; the official code never does this.
+            ``"auto"`` (default) resolves to an official choice: ``"sliced"`` on models with
+            tied embeddings, ``"unsliced"`` otherwise. The resolved head is recorded in
+            ``info["head"]`` (with ``info["head_requested"]`` and ``info["head_official"]``).
         round_to: the width is a multiple of this (official ``--round-interval 8``).
         tolerance: with ``target="parameters"`` the achieved ratio must be within this
             of ``ratio`` (absolute), else ``compress`` raises before any calibration work.
@@ -67,7 +74,7 @@ class SliceGPTConfig:
         for name, allowed in (("target", TARGETS), ("head", HEADS), ("pca_dtype", PCA_DTYPES),
                               ("orientation", ORIENTATIONS), ("recovery", RECOVERIES)):
             value = getattr(self, name)
-            if value not in allowed:
+            if not isinstance(value, str) or value not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
         for name in ("round_to", "batch_size", "lora_rank"):
             value = getattr(self, name)
@@ -75,13 +82,19 @@ class SliceGPTConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not isinstance(self.tolerance, (int, float)) or not 0.0 < self.tolerance < 1.0:
+        if not _number(self.tolerance) or not 0.0 < self.tolerance < 1.0:
             raise ValueError(f"tolerance must be strictly between 0 and 1, got {self.tolerance!r}")
-        if not isinstance(self.damping, (int, float)) or not 0.0 <= self.damping < 1.0:
+        if not _number(self.damping) or not 0.0 <= self.damping < 1.0:
             raise ValueError(f"damping must be in [0, 1), got {self.damping!r}")
         for name in ("lora_alpha", "lora_lr"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{name} must be positive, got {value!r}")
-        if not isinstance(self.lora_dropout, (int, float)) or not 0.0 <= self.lora_dropout < 1.0:
+            if not _number(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if not _number(self.lora_dropout) or not 0.0 <= self.lora_dropout < 1.0:
             raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+
+
+def _number(value: object) -> bool:
+    """A finite int or float (not a bool)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))

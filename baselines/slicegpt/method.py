@@ -3,6 +3,11 @@
 ``compress``: choose the width (from a parameter target or the paper's slicing fraction),
 fuse norms, then rotate and slice block by block on calibration windows. ``rebuild``: the
 sliced skeleton from ``(config, structure)`` so ``flexigpt.load_compressed`` reloads it.
+
+Head (``SliceGPTConfig.head``): by default an official SliceGPT treatment — ``"sliced"`` on
+tied models (the head is untied: a new ``V×d′`` matrix, counted), ``"unsliced"`` otherwise.
+``"tied"`` (re-tied through a ``d′×d′`` projection) is this harness's variant and is only
+used when requested; ``info["head_official"]`` says which one a run used.
 """
 
 from __future__ import annotations
@@ -27,14 +32,35 @@ from flexigpt.registry import CompressionResult, Method
 
 log = logging.getLogger(__name__)
 
-#: The paper's RFT targets (official ``--lora-target-option attn_head_and_mlp``).
-RFT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: Head treatments of the official SliceGPT code; ``"tied"`` is this harness's variant.
+OFFICIAL_HEADS = ("unsliced", "sliced")
+
+
+def rft_targets(adapter: ArchAdapter) -> list[str]:
+    """The paper's RFT LoRA targets (official ``--lora-target-option attn_head_and_mlp``):
+    every attention and MLP linear of a block, by the architecture adapter's short names
+    (the shortcut matrices are not targets)."""
+    return list(dict.fromkeys(adapter.attn_linears + adapter.mlp_linears))
+
+
+def recovery_recipe(cfg: SliceGPTConfig, adapter: ArchAdapter) -> dict[str, Any]:
+    """``info["recovery"]`` for the shared trainer (``flexigpt.training.config.resolve_plan``)."""
+    if cfg.recovery == "none":
+        return {"recipe": "none"}
+    return {"recipe": "lora", "rank": cfg.lora_rank, "alpha": cfg.lora_alpha,
+            "dropout": cfg.lora_dropout, "lr": cfg.lora_lr, "targets": rft_targets(adapter)}
 
 
 def resolve_head(head: str, tied: bool, kind: str) -> str:
-    """The head treatment for ``cfg.head`` on a model whose head is (not) tied."""
+    """The head treatment for ``cfg.head`` on a model whose head is (not) tied.
+
+    ``"auto"`` resolves to an official SliceGPT head: ``"sliced"`` (head untied, its input
+    rotated by the last Q and sliced) on tied models, ``"unsliced"`` (official default, full
+    width, untied) otherwise. ``"tied"`` (re-tied through a projection) is only used when
+    asked for explicitly: it is this harness's variant, not the paper's.
+    """
     if head == "auto":
-        head = "tied" if tied and kind == "rms" else "unsliced"
+        head = "sliced" if tied else "unsliced"
     if head == "tied" and not tied:
         raise ValueError("head='tied' needs a model whose LM head is tied to its embedding; "
                          "this model's head is separate (use 'unsliced' or 'sliced')")
@@ -77,20 +103,27 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     plan, width = plan_for(model, adapter, cfg, head, tied)
     dense = count_parameters(model)
     predicted = predict_parameters(model, adapter, plan, tied)
-    log.info("slicegpt: width %d of %d, head %s, predicted reduction %.4f",
-             width, model.config.hidden_size, head, 1 - predicted / dense)
+    log.info("slicegpt: width %d of %d, head %s (%s), predicted reduction %.4f",
+             width, model.config.hidden_size, head,
+             "official" if head in OFFICIAL_HEADS else "harness variant, not the paper's",
+             1 - predicted / dense)
     start = time.perf_counter()
     fusion = fuse_model(model, adapter, untie=head != "tied")
     diag = rotate_and_slice(model, adapter, fusion, plan, windows, cfg, mask)
     seconds = time.perf_counter() - start
     after = count_parameters(model)
+    head_params = (sum(p.numel() for p in adapter.final_norm(model).parameters())
+                   if is_tied(model, adapter) else
+                   sum(p.numel() for p in adapter.lm_head(model).parameters()))
     if after != predicted:
         log.error("slicegpt parameter count %d differs from the prediction %d", after, predicted)
     structure = {"plan": plan.to_json(), "hidden_size": model.config.hidden_size,
                  "eps": fusion.eps, "norm": fusion.norm, "was_tied": tied}
     info: dict[str, Any] = {
         "target": cfg.target, "ratio_requested": cfg.ratio, "width": width,
-        "slicing_fraction": round(1 - width / model.config.hidden_size, 6), "head": head,
+        "slicing_fraction": round(1 - width / model.config.hidden_size, 6),
+        "head": head, "head_requested": cfg.head, "head_official": head in OFFICIAL_HEADS,
+        "dense_head_tied": tied, "head_parameters": head_params,
         "dense_parameters": dense, "predicted_parameters": predicted, "parameters": after,
         "predicted_ratio": round(1 - predicted / dense, 6),
         "achieved_ratio": round(1 - after / dense, 6),
@@ -99,9 +132,7 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
         "process_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         **diag,
     }
-    info["recovery"] = {"recipe": "none"} if cfg.recovery == "none" else {
-        "recipe": "lora", "rank": cfg.lora_rank, "alpha": cfg.lora_alpha,
-        "dropout": cfg.lora_dropout, "lr": cfg.lora_lr, "targets": list(RFT_TARGETS)}
+    info["recovery"] = recovery_recipe(cfg, adapter)
     return CompressionResult(model=model, structure=structure, info=info)
 
 

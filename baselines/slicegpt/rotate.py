@@ -194,6 +194,8 @@ def _finish_head(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, pla
                  q_last: torch.Tensor, q_embed: torch.Tensor) -> None:
     """Rotate (and slice) the head input, or re-tie the head to the sliced embedding.
 
+    Rotating/slicing the (untied) head input is the official SliceGPT treatment; re-tying
+    (``plan.head == "tied"``) is this harness's variant, not the paper's.
     Re-tying: logits = RMSN(h) diag(α) Eᵀ. With ``h ≈ ĥ Q_Lᵀ`` and ``E ≈ Ê Q₀ᵀ`` (Ê = E Q₀
     sliced) this is ``RMSN(ĥ) M Êᵀ`` with ``M = Q_Lᵀ diag(α) Q₀`` (d_L × d₀) — exact at full
     width. ``diag(α)`` is not orthogonal, so it cannot be absorbed into the last block's
