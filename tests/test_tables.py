@@ -86,8 +86,12 @@ def test_table1_values_bold_and_seed_mean(built) -> None:
     assert ours.loc[("shortgpt", 0.3), "achieved_ratio"] == pytest.approx(
         9 * 3540096 / 134515008, abs=1e-6)
     md = (out / "table1_smollm2-135m.md").read_text()
-    assert "| FlexiGPT* | 30% | 21.5% | 30 | **22.52** |" in md  # lowest PPL in its ratio group
-    assert "| Dense | 0% | 0.0% | 30 | 15.84 |" in md          # a one-row group is never bold
+    # Old files: no blocks_pruned → Layers; recovery tokens from trained_tokens.
+    assert "| FlexiGPT* | 30% | 21.5% | 30 | 41K | **22.52** |" in md  # lowest PPL in its group
+    assert "| Dense | 0% | 0.0% | 30 | – | 15.84 |" in md              # one-row group: not bold
+    assert "| ShortGPT (one-shot) | 30% | 23.7% | 21 | – | 98.31 |" in md
+    assert "One block of this model ≈ 2.63 points of the parameter ratio" in md
+    assert "block-count rule" not in md  # old files: no claim about the protocol
     assert "a different model, for reference only (no deltas)" in md
     assert "Δ" not in md  # no paper counterpart for SmolLM2: no fake deltas
     assert "61.40†" in md and "62.68**†" in md and "| 62.28 |" in md and "| 61.60 |" in md
@@ -121,7 +125,7 @@ def test_partial_grid(tmp_path: Path) -> None:
     names = sorted(p.name for p in written)
     assert names == ["table1_smollm2-135m.csv", "table1_smollm2-135m.md", "table1_smollm2-135m.tex"]
     md = (tmp_path / "table1_smollm2-135m.md").read_text()
-    assert "| ShortGPT | 40% | 31.6% | 18 | 287.40 |" in md
+    assert "| ShortGPT (one-shot) | 40% | 31.6% | 18 | 287.40 |" in md
     assert "FlexiGPT*" not in md.split("### Paper")[0]
     # Missing tasks and missing PPL still give a table (Avg shown as "–").
     data = json.loads(files[1].read_text())
@@ -131,7 +135,8 @@ def test_partial_grid(tmp_path: Path) -> None:
     partial.write_text(json.dumps(data))
     build_all(None, tmp_path / "p", results=[files[0], partial], make_plots=False)
     md = (tmp_path / "p" / "table1_smollm2-135m.md").read_text()
-    assert "| ShortGPT | 40% | 31.6% | 18 | – | 31.20 | 22.10 | – | 49.40 | 27.10 | – |" in md
+    assert ("| ShortGPT (one-shot) | 40% | 31.6% | 18 | – | 31.20 | 22.10 | – | 49.40 | 27.10 "
+            "| – |") in md
     agg = aggregate(collect_results([files[0], partial]))
     csv = table1(agg, load_published(), SMOL).csv.set_index(["source", "method"])
     assert pd.isna(csv.loc[("ours", "shortgpt"), "avg"])
@@ -282,3 +287,339 @@ def test_recovery_plot_draws_the_ppl_before_training(tmp_path, monkeypatch) -> N
     plots.recovery_curves({"flexigpt/r0.3": log_df}, tmp_path)
     ppl_axis = captured["fig"].axes[1]
     assert list(ppl_axis.lines[0].get_ydata()) == [140.0, 70.0]
+
+
+
+# ---- the matched-protocol DAG: labels.table, blocks_pruned, recovery, selection.json ----
+
+BASE = EVAL / "shortgpt-default-r0.3-final-s0.json"
+TASK_KEYS = ("arc_easy", "arc_challenge", "piqa", "winogrande", "hellaswag")
+DISPLAY = "SmolLM2-135M-Instruct (dequantised from a Q4_1 GGUF)"
+
+
+def _recovery(trainable: int, lr: float, gamma: float | None = None, loss: str = "lm",
+              recipe: str = "lora", tokens: int = 2_000_000, budget: dict | None = None) -> dict:
+    return {"recipe": recipe, "loss": loss, "lr": lr, "gamma_lr": gamma,
+            "trainable_params": trainable, "tokens": tokens, "budget": budget,
+            "lr_source": "sweep"}
+
+
+def _write_result(root: Path, method: str, variant: str, ratio: float | None, *, table: str,
+                  ppl: float, acc: float, achieved: float | None = None,
+                  blocks: int | None = None, recovery: dict | None = None,
+                  stage: str = "final", layers: int = 30, protocol: str | None = None,
+                  model: str = SMOL) -> Path:
+    data = json.loads(BASE.read_text())
+    data["method"] = method
+    data["num_layers"] = layers
+    data["parameters"]["achieved_ratio"] = achieved if achieved is not None else (
+        None if method == "dense" else ratio)
+    data["blocks_pruned"] = blocks
+    data["recovery"] = recovery
+    data["trained_tokens"] = recovery["tokens"] if recovery else 0
+    data["perplexity"]["value"] = ppl
+    for task in TASK_KEYS:
+        data["tasks"][task]["value"] = acc
+    data["labels"] = {"model": model, "method": method, "variant": variant, "ratio": ratio,
+                      "stage": stage, "seed": 0, "table": table,
+                      "loss": recovery["loss"] if recovery else None,
+                      "protocol": protocol}
+    setting = f"r{ratio}" if ratio is not None else "full"
+    path = root / model / method / variant / setting / f"eval_{stage}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _write_selection(root: Path, run: str, trials: list[tuple], chosen: int) -> Path:
+    """A selection record as flexigpt.training.tuning.select_trial writes it; a trial whose
+    PPL is None diverged (lr kept, everything else null)."""
+    def trial(lr, gamma, ppl):
+        if ppl is None:
+            return {"lr": lr, "gamma_lr": gamma, "tune_ppl": None, "tune_ppl_before": None,
+                    "trainable_params": None, "tokens": None, "diverged": True, "budget": None}
+        return {"lr": lr, "gamma_lr": gamma, "tune_ppl": ppl, "tune_ppl_before": 90.0,
+                "trainable_params": 1_500_000, "tokens": 500_000, "diverged": False,
+                "budget": None}
+    path = root / run / "trained" / "selection.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "schema": 1, "run": run, "tune_text": "resources/text/wiki/tune.txt", "tune_windows": 16,
+        "grid": [{"lr": t[0], "gamma_lr": t[1]} for t in trials], "metric": "tune_ppl",
+        "chosen_trial": chosen, "chosen": {"lr": trials[chosen][0], "gamma_lr": trials[chosen][1]},
+        "trials": [trial(*t) for t in trials]}))
+    return path
+
+
+@pytest.fixture()
+def new_tree(tmp_path: Path) -> Path:
+    """A results tree in the new format: every table, plus LR sweeps."""
+    root = tmp_path / "results"
+    m = dict(protocol="matched")
+    flex = _recovery(1_460_000, 3e-4, gamma=1e-2, recipe="flexigpt")
+    lora_all = _recovery(1_450_000, 2e-4, gamma=1e-2, recipe="flexigpt_lora_all",
+                         budget={"target": 1_460_000, "achieved": 1_450_000, "rank": 7,
+                                 "rel_error": -0.0068})
+    _write_result(root, "dense", "default", None, table="dense", ppl=15.84, acc=0.50)
+    _write_result(root, "flexigpt", "default", 0.3, table="main", ppl=22.5, acc=0.45,
+                  achieved=0.2401, blocks=9, recovery=flex, **m)
+    _write_result(root, "flexigpt", "default", 0.3, table="main", ppl=95.0, acc=0.30,
+                  achieved=0.2401, blocks=9, stage="start", **m)
+    _write_result(root, "flexigpt", "lora_all", 0.3, table="main", ppl=22.9, acc=0.44,
+                  achieved=0.2401, blocks=9, recovery=lora_all, **m)
+    _write_result(root, "shortgpt", "default", 0.3, table="main", ppl=98.3, acc=0.36,
+                  achieved=0.2369, blocks=9, layers=21, **m)
+    _write_result(root, "shortgpt_lora", "default", 0.3, table="main", ppl=24.1, acc=0.43,
+                  achieved=0.2369, blocks=9, layers=21, recovery=_recovery(1_470_000, 1e-3), **m)
+    _write_result(root, "slicegpt", "default", 0.3, table="main", ppl=41.8, acc=0.40,
+                  achieved=0.2405, **m)
+    _write_result(root, "slicegpt", "rft", 0.3, table="main", ppl=30.2, acc=0.41,
+                  achieved=0.2405, recovery=_recovery(1_200_000, 5e-4), **m)
+    _write_result(root, "llm_pruner", "default", 0.3, table="main", ppl=60.0, acc=0.38,
+                  achieved=0.2398, **m)
+    _write_result(root, "llm_pruner", "lora", 0.3, table="main", ppl=33.0, acc=0.40,
+                  achieved=0.2398, recovery=_recovery(1_300_000, 5e-4), **m)
+    p = dict(protocol="paper")
+    _write_result(root, "flexigpt", "paper", 0.3, table="paper_protocol", ppl=22.5, acc=0.45,
+                  achieved=0.2151, blocks=9, recovery=flex, **p)
+    _write_result(root, "shortgpt", "paper", 0.3, table="paper_protocol", ppl=98.3, acc=0.36,
+                  achieved=0.2369, blocks=9, layers=21, **p)
+    _write_result(root, "shortgpt_lora", "paper", 0.3, table="paper_protocol", ppl=24.1,
+                  acc=0.43, achieved=0.2369, blocks=9, layers=21,
+                  recovery=_recovery(1_470_000, 1e-3), **p)
+    _write_result(root, "flexigpt", "kd", 0.3, table="kd", ppl=21.0, acc=0.46, achieved=0.2401,
+                  blocks=9, recovery={**flex, "loss": "kd"}, **m)
+    _write_result(root, "slicegpt", "rft_kd", 0.3, table="kd", ppl=29.0, acc=0.42,
+                  achieved=0.2405, recovery=_recovery(1_200_000, 5e-4, loss="kd"), **m)
+    _write_result(root, "shortgpt_lora", "kd", 0.4, table="kd", ppl=30.0, acc=0.40,
+                  achieved=0.3158, blocks=12, layers=18,
+                  recovery=_recovery(1_470_000, 1e-3, loss="kd"), **m)
+    _write_result(root, "flexigpt_extend", "block", None, table="extension", ppl=15.0, acc=0.52,
+                  recovery=_recovery(3_260_000, 1e-4, recipe="extend"), layers=40)
+    _write_result(root, "dense", "trained", None, table="extension", ppl=15.3, acc=0.505,
+                  recovery=_recovery(134_515_008, 1e-5, recipe="full"))
+    _write_result(root, "dense", "trained_lora", None, table="extension", ppl=15.4, acc=0.503,
+                  recovery=_recovery(3_260_000, 1e-4))
+    _write_selection(root, f"{SMOL}/flexigpt/default/r0.3",
+                     [(1e-4, 1e-2, 25.0), (3e-4, 1e-2, 22.6), (1e-3, 1e-2, 24.0),
+                      (1e-4, 1e-3, 26.0), (3e-4, 1e-3, 23.0), (1e-3, 1e-3, None)], 1)
+    _write_selection(root, f"{SMOL}/shortgpt_lora/default/r0.3",
+                     [(3e-4, None, 26.0), (1e-3, None, 24.2), (3e-3, None, 25.0)], 1)
+    _write_selection(root, f"{SMOL}/flexigpt_extend/block/L40",
+                     [(1e-4, None, 15.1), (3e-4, None, 15.6)], 0)
+    return root
+
+
+def _block_rows(md: str, title: str) -> dict[str, list[str]]:
+    """Rows of the Markdown block under ``### title`` keyed by their first cell."""
+    part = md.split(f"### {title}", 1)[1].split("\n### ", 1)[0]
+    rows = [line.strip("|").split(" | ") for line in part.splitlines() if line.startswith("| ")]
+    head, body = rows[0], rows[1:]
+    return {"__header__": [h.strip() for h in head],
+            **{r[0].strip(): [c.strip() for c in r] for r in body}}
+
+
+def test_new_table1_columns_one_shot_and_footnotes(new_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    build_all(new_tree, out, make_plots=False, model_names={SMOL: DISPLAY})
+    md = (out / f"table1_{SMOL}.md").read_text()
+    assert md.startswith(f"## Table 1 — compression results, {DISPLAY}")
+    rows = _block_rows(md, f"Ours: {DISPLAY}")
+    assert rows["__header__"] == ["Method", "Ratio", "Achieved", "Blocks", "Trainable (M)",
+                                  "Tokens", "LR", "PPL", "ARC-e", "ARC-c", "PIQA", "WinoG.",
+                                  "HellaS.", "Avg"]
+    assert set(rows) - {"__header__"} == {
+        "Dense", "SliceGPT (one-shot)", "SliceGPT + RFT*", "LLM-Pruner (one-shot)",
+        "LLM-Pruner + LoRA*", "ShortGPT (one-shot)", "ShortGPT + LoRA*", "FlexiGPT*",
+        "FlexiGPT + LoRA on unpruned blocks*"}  # no paper-protocol, KD, ablation or extension row
+    assert rows["FlexiGPT*"][:7] == ["FlexiGPT*", "30%", "24.0%", "9", "1.46", "2M",
+                                     "3e-4 (γ 1e-2)"]
+    assert rows["SliceGPT (one-shot)"][3:7] == ["–", "–", "–", "–"]
+    assert rows["ShortGPT (one-shot)"][3] == "9"
+    assert rows["Dense"][1:4] == ["0%", "0.0%", "–"]
+    notes = md.split("### Paper")[0]
+    step = 100 * 0.2369 / 9
+    assert f"One block of this model ≈ {step:.2f} points of the parameter ratio" in notes
+    assert "share the block-count rule" in notes
+    assert "(one-shot) = evaluated right after compression, never trained." in notes
+    assert ("Trainable counts matched to a parameter budget (FlexiGPT + LoRA on unpruned "
+            "blocks): largest |relative error| 0.68%.") in notes
+    csv = pd.read_csv(out / f"table1_{SMOL}.csv")
+    flex = csv[csv["source"].eq("ours") & csv["variant"].eq("lora_all")].iloc[0]
+    assert flex["trainable_params"] == 1_450_000 and flex["lr"] == pytest.approx(2e-4)
+    assert flex["blocks_pruned"] == 9 and flex["table"] == "main"
+    tex = (out / f"table1_{SMOL}.tex").read_text()
+    assert r"3e-4 ($\gamma$ 1e-2)" in tex
+
+
+def test_paper_protocol_table(new_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    build_all(new_tree, out, make_plots=False)
+    md = (out / f"table1_paper_protocol_{SMOL}.md").read_text()
+    rows = _block_rows(md, f"Ours: {SMOL}, paper protocol")
+    assert rows["__header__"][:7] == ["Method", "Ratio", "Achieved", "Blocks", "Trainable (M)",
+                                      "Tokens", "LR"]
+    assert set(rows) - {"__header__"} == {"Dense", "ShortGPT (one-shot)", "ShortGPT + LoRA*",
+                                          "FlexiGPT*"}
+    assert rows["FlexiGPT*"][2:4] == ["21.5%", "9"]
+    assert "int(ratio·L) (L = 30 here)" in md
+    assert "### Paper (Llama-2-7B)" in md  # the paper's own protocol, for reference
+
+
+def test_kd_table_pairs_each_kd_row_with_its_lm_row(new_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    build_all(new_tree, out, make_plots=False)
+    md = (out / f"table_kd_{SMOL}.md").read_text()
+    part = md.split("### Ours")[1].split("\n\n")[1]
+    lines = [[c.strip() for c in line.strip("|").split(" | ")] for line in part.splitlines()]
+    assert lines[0] == ["Method", "Ratio", "Loss", "Achieved", "Trainable (M)", "Tokens", "PPL",
+                        "ARC-e", "ARC-c", "PIQA", "WinoG.", "HellaS.", "Avg"]
+    body = [(r[0], r[1], r[2]) for r in lines[2:]]
+    assert body == [("SliceGPT + RFT*", "30%", "LM"), ("SliceGPT + RFT*", "30%", "KD"),
+                    ("FlexiGPT*", "30%", "LM"), ("FlexiGPT*", "30%", "KD"),
+                    ("ShortGPT + LoRA*", "40%", "KD")]
+    assert "No LM-loss counterpart in the results for: ShortGPT + LoRA (KD)." in md
+    csv = pd.read_csv(out / f"table_kd_{SMOL}.csv")
+    assert list(csv["loss"]) == ["lm", "kd", "lm", "kd", "kd"]
+
+
+def test_table5_has_the_lora_control_and_trainable(new_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    build_all(new_tree, out, make_plots=False)
+    md = (out / f"table5_extension_{SMOL}.md").read_text()
+    rows = _block_rows(md, f"Ours: {SMOL}, extension")
+    assert rows["__header__"][:4] == ["Method", "Layers", "Params (M)", "Trainable (M)"]
+    assert list(rows)[1:] == ["Base", "Base trained on the same tokens (control)",
+                              "Base + LoRA with the extension's trainable count (control)",
+                              "FlexiGPT (Block)"]
+    assert rows["Base + LoRA with the extension's trainable count (control)"][3] == "3.26"
+    assert rows["Base"][3] == "–"
+    # Table 1 keeps out every extension row.
+    assert "control" not in (out / f"table1_{SMOL}.md").read_text().split("### Paper")[0]
+
+
+def test_lr_sweep_table_and_figure(new_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    written = build_all(new_tree, out, model_names={SMOL: DISPLAY})
+    png = out / f"fig_lr_sweep_{SMOL}.png"
+    assert png in written and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 1000
+    assert (out / f"lr_sweep_{SMOL}.md") in written and (out / f"lr_sweep_{SMOL}.csv") in written
+    assert not (out / f"lr_sweep_{SMOL}.tex").exists()
+    csv = pd.read_csv(out / f"lr_sweep_{SMOL}.csv")
+    assert len(csv) == 11
+    chosen = csv[csv["chosen"]].set_index("run")
+    assert chosen.loc[f"{SMOL}/flexigpt/default/r0.3", "lr"] == pytest.approx(3e-4)
+    assert chosen.loc[f"{SMOL}/flexigpt/default/r0.3", "gamma_lr"] == pytest.approx(1e-2)
+    assert chosen.loc[f"{SMOL}/shortgpt_lora/default/r0.3", "lr"] == pytest.approx(1e-3)
+    md = (out / f"lr_sweep_{SMOL}.md").read_text()
+    assert md.startswith(f"## Recovery LR sweeps, {DISPLAY}")
+    assert "| FlexiGPT @ r0.3 | 3e-4 | 1e-2 | 1.50 | 500K | 90.00 | **22.60** | ✓ |" in md
+    assert "| FlexiGPT @ r0.3 | 1e-3 | 1e-3 | – | – | – | – | diverged |" in md
+    assert "Chosen trial is not the lowest" not in md
+
+
+def test_lr_sweep_figure_has_a_panel_per_ratio_and_gamma_lines(new_tree, tmp_path,
+                                                             monkeypatch) -> None:
+    from flexigpt.tables import plots
+    from flexigpt.tables.collect import collect_selections, discover
+
+    captured = {}
+    monkeypatch.setattr(plots, "save_figure", lambda fig, out, stem: captured.setdefault(
+        stem, fig) and [])
+    sel = collect_selections(discover(new_tree).selections)
+    plots.lr_sweep(sel, SMOL, tmp_path, "fig")
+    axes = [ax for ax in captured["fig"].axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["ratio 30%", "other settings (L40)"]
+    assert [line.get_label() for line in axes[1].lines][:1] == ["FlexiGPT (Block) @ L40"]
+    labels = [line.get_label() for line in axes[0].lines if not line.get_label().startswith("_")]
+    assert labels == ["ShortGPT + LoRA", "FlexiGPT, γ LR 1e-3", "FlexiGPT, γ LR 1e-2",
+                      "diverged (non-finite tune PPL)"]
+    assert axes[0].get_xscale() == "log"
+    ringed = [line for line in axes[0].lines if line.get_label().startswith("_")]
+    assert sorted(float(line.get_xdata()[0]) for line in ringed) == [3e-4, 1e-3]
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda d: {k: v for k, v in d.items() if k != "trials"}, "missing required key 'trials'"),
+    (lambda d: {**d, "run": "smollm2-135m/flexigpt"}, "'run' must be"),
+    (lambda d: {**d, "chosen": {"lr": 5e-2, "gamma_lr": None}}, r"is not trials\[1\]"),
+    (lambda d: {k: v for k, v in d.items() if k != "chosen_trial"} | {
+        "chosen": {"lr": 5e-2, "gamma_lr": None}}, "is not one of the trials"),
+    (lambda d: {**d, "chosen_trial": 7}, "'chosen_trial' 7 is out of range"),
+    (lambda d: {**d, "trials": [d["trials"][0], {**d["trials"][1], "diverged": True}]},
+     r"the chosen trial \(trials\[1\]\) diverged"),
+    (lambda d: {**d, "trials": [{**d["trials"][0], "tokens": 1.5}] + d["trials"][1:]},
+     r"'trials\[0\]\.tokens'"),
+    (lambda d: {**d, "trials": []}, "'trials' is empty"),
+    (lambda d: {**d, "trials": [{**d["trials"][0], "lr": -1.0}]}, r"'trials\[0\].lr' must be > 0"),
+    (lambda d: {**d, "trials": [{**d["trials"][0], "tune_ppl": "low"}]},
+     r"'trials\[0\]\.tune_ppl'"),
+    (lambda d: {**d, "schema": 2}, "unsupported schema"),
+])
+def test_malformed_selection_is_named(new_tree: Path, tmp_path: Path, corrupt, message) -> None:
+    from flexigpt.tables.collect import read_selection
+
+    good = new_tree / SMOL / "shortgpt_lora" / "default" / "r0.3" / "trained" / "selection.json"
+    bad = tmp_path / "bad" / "selection.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps(corrupt(json.loads(good.read_text()))))
+    with pytest.raises(ResultFileError, match=message) as err:
+        read_selection(bad)
+    assert str(bad) in str(err.value)
+    with pytest.raises(ResultFileError, match="bad/selection.json"):  # fails before writing
+        build_all(None, tmp_path / "out", results=[BASE], selections=[bad], make_plots=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda d: {**d, "labels": {**d["labels"], "table": "Main"}}, "labels.table must be one of"),
+    (lambda d: {**d, "labels": {**d["labels"], "loss": "lm"}}, "disagrees with recovery.loss"),
+    (lambda d: {**d, "blocks_pruned": "nine"}, "'blocks_pruned'"),
+    (lambda d: {**d, "recovery": {**d["recovery"], "lr": -1e-4}}, "'recovery.lr' must be > 0"),
+    (lambda d: {**d, "recovery": {k: v for k, v in d["recovery"].items() if k != "loss"}},
+     "missing required key 'recovery.loss'"),
+    (lambda d: {**d, "recovery": {**d["recovery"], "loss": "mse"}}, "recovery.loss must be"),
+    (lambda d: {**d, "recovery": {**d["recovery"], "budget": {"target": 1}}},
+     "'recovery.budget.achieved'"),
+    (lambda d: {**d, "recovery": {**d["recovery"], "tokens": "2M"}}, "'recovery.tokens'"),
+])
+def test_malformed_comparison_fields_are_named(new_tree: Path, tmp_path: Path, corrupt,
+                                               message) -> None:
+    good = new_tree / SMOL / "flexigpt" / "kd" / "r0.3" / "eval_final.json"
+    bad = tmp_path / "bad_result.json"
+    bad.write_text(json.dumps(corrupt(json.loads(good.read_text()))))
+    with pytest.raises(ResultFileError, match=message) as err:
+        parse_result(bad)
+    assert str(bad) in str(err.value)
+
+
+def test_old_and_new_result_files_mix(new_tree: Path, tmp_path: Path) -> None:
+    """Old files (no table / blocks / recovery) classify by method and variant and render."""
+    old = parse_result(EVAL / "shortgpt_lora-default-r0.3-final-s0.json")
+    assert old["table"] == "main" and old["labels_table"] is None and old["trained"]
+    assert old["tokens"] == 40960 and pd.isna(old["trainable_params"])
+    assert parse_result(EVAL / "dense-trained-rnone-final-s0.json")["table"] == "extension"
+    assert parse_result(EVAL / "flexigpt-no_outnorm-r0.3-final-s0.json")["table"] == "ablation"
+    files = [EVAL / "dense-default-rnone-final-s0.json",
+             EVAL / "shortgpt-default-r0.4-final-s0.json",
+             new_tree / SMOL / "flexigpt" / "default" / "r0.3" / "eval_final.json"]
+    build_all(None, tmp_path, results=files, make_plots=False)
+    rows = _block_rows((tmp_path / f"table1_{SMOL}.md").read_text(), f"Ours: {SMOL}")
+    assert rows["ShortGPT (one-shot)"][1:4] == ["40%", "31.6%", "–"]  # no blocks_pruned: –
+    assert rows["FlexiGPT*"][3] == "9"
+
+
+def test_recovery_with_unknown_fields_still_renders(new_tree: Path, tmp_path: Path) -> None:
+    """The evaluator writes null for what a manifest does not record: shown as –."""
+    src = new_tree / SMOL / "slicegpt" / "rft" / "r0.3" / "eval_final.json"
+    data = json.loads(src.read_text())
+    data["recovery"] = {"recipe": None, "loss": "lm", "lr": None, "gamma_lr": None,
+                        "trainable_params": None, "tokens": None, "budget": None,
+                        "lr_source": "unknown"}
+    src.write_text(json.dumps(data))
+    row = parse_result(src)
+    assert row["trained"] and row["lr"] is None and row["lr_source"] == "unknown"
+    build_all(new_tree, tmp_path / "out", make_plots=False)
+    rows = _block_rows((tmp_path / "out" / f"table1_{SMOL}.md").read_text(), f"Ours: {SMOL}")
+    assert rows["SliceGPT + RFT*"][3:7] == ["–", "–", "–", "–"]

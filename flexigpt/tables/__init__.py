@@ -1,8 +1,10 @@
 """The paper's tables and figures regenerated from result files.
 
 ``build_all(results_dir, out_dir)`` is the entry point (``flexigpt tables`` on the CLI);
-``collect`` reads and validates inputs, ``published`` holds the paper's numbers, ``build``
-and ``timing`` make the tables, ``render`` writes Markdown/CSV/LaTeX, ``plots`` the figures.
+``collect`` reads and validates inputs (result JSONs, timings, training logs, manifests,
+LR-sweep ``selection.json``), ``published`` holds the paper's numbers, ``build`` (Tables 1
+and 5, paper protocol, KD), ``ablation`` (Table 4), ``timing`` (Tables 6, 7) and ``sweep``
+(LR sweeps) make the tables, ``render`` writes Markdown/CSV/LaTeX, ``plots`` the figures.
 """
 
 from __future__ import annotations

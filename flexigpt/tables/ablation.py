@@ -6,7 +6,8 @@ import logging
 
 import pandas as pd
 
-from flexigpt.tables.build import ABLATIONS, PAPER_NOTES, paper_title, reference_model, slug
+from flexigpt.tables.build import (ABLATIONS, PAPER_NOTES, display_name, paper_title,
+                                   reference_model, slug)
 from flexigpt.tables.collect import STAGES
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
@@ -30,8 +31,10 @@ def _stage_wide(rows: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFrame:
             .drop(columns="_k").reset_index(drop=True))
 
 
-def table4(agg: pd.DataFrame, pub: pd.DataFrame, model: str) -> Table | None:
+def table4(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
+           display: str | None = None) -> Table | None:
     """FlexiGPT ablations: start (before recovery) and final PPL per variant and ratio."""
+    name = display_name(model, display)
     rows = agg[agg["model"].eq(model) & agg["method"].eq("flexigpt")
                & agg["variant"].isin(ABLATIONS)]
     if not (rows["variant"] != "default").any():
@@ -52,7 +55,7 @@ def table4(agg: pd.DataFrame, pub: pd.DataFrame, model: str) -> Table | None:
     notes = ["Start = right after compression, before recovery; Final = after recovery "
              "(Final Avg = mean of the five tasks in %). Best per column within each ratio "
              "in bold."]
-    blocks = [Block(f"Ours: {model}, FlexiGPT ablations", frame_of(ours), kinds, best, "Ratio",
+    blocks = [Block(f"Ours: {name}, FlexiGPT ablations", frame_of(ours), kinds, best, "Ratio",
                     notes=notes)]
     key, same = reference_model(model, pub, (4,), "llama-2-7b")
     paper = _stage_wide(pub[pub["table"].eq(4) & pub["model"].eq(key)], ("ppl",))
@@ -79,5 +82,5 @@ def table4(agg: pd.DataFrame, pub: pd.DataFrame, model: str) -> Table | None:
                                   citation="FlexiGPT NAACL 2025, Table 4")], ignore_index=True)
     front = ["source", "model", "variant", "ratio"]
     csv = csv[front + [c for c in csv.columns if c not in front]]
-    return Table(f"table4_ablation_{slug(model)}", f"Table 4 — FlexiGPT ablations, {model}",
+    return Table(f"table4_ablation_{slug(model)}", f"Table 4 — FlexiGPT ablations, {name}",
                  blocks, csv)

@@ -4,6 +4,13 @@ Every reader validates its input and raises :class:`ResultFileError` (a ``ValueE
 naming the offending file and key; a listed file that does not exist raises
 ``FileNotFoundError`` naming it. Discovery (:func:`discover`) walks a results tree and
 classifies JSON files by content, so the DAG's file naming is not hard-coded here.
+
+Result files may carry the comparison fields of the matched-protocol DAG (all optional, so
+older files still read): ``labels.table`` (which table the row belongs to, one of
+:data:`TABLES`), ``labels.loss`` / ``labels.protocol``, top-level ``blocks_pruned`` and
+``recovery`` (recipe, loss, lr, gamma_lr, trainable_params, tokens, budget, lr_source).
+Without ``labels.table`` a row is classified by :func:`classify` (today's method/variant
+rules). LR-sweep records (``selection.json``) are read by :func:`read_selection`.
 """
 
 from __future__ import annotations
@@ -26,6 +33,18 @@ STAGES = ("start", "final")
 #: Keys of one result row that identify a setting (seed excluded).
 SETTING_KEYS = ("model", "method", "variant", "ratio", "stage")
 TRAIN_LOG_COLUMNS = ("step", "tokens", "loss", "lr", "ppl")
+#: Values of ``labels.table``: which table a result row belongs to.
+TABLES = ("main", "paper_protocol", "kd", "ablation", "extension", "dense")
+LOSSES = ("lm", "kd")
+PROTOCOLS = ("matched", "paper")
+#: FlexiGPT variants that are ablations when a file has no ``labels.table``.
+_ABLATION_VARIANTS = ("no_lowrank", "no_outnorm", "no_svdinit", "frobenius")
+#: Per-row columns from the optional comparison fields (NaN / None when absent).
+RECOVERY_COLUMNS = ("table", "labels_table", "loss", "protocol", "blocks_pruned", "recipe",
+                    "lr", "gamma_lr", "trainable_params", "tokens", "lr_source",
+                    "budget_target", "budget_achieved", "budget_rel_error", "budget_source")
+_NUMERIC_RECOVERY = ("blocks_pruned", "lr", "gamma_lr", "trainable_params", "tokens",
+                     "budget_target", "budget_achieved", "budget_rel_error")
 #: HF / tooling JSON names under a results tree that are never results.
 _SKIP_NAMES = {"config.json", "generation_config.json", "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -49,6 +68,7 @@ class Inputs:
     timings: list[Path] = field(default_factory=list)
     train_logs: list[Path] = field(default_factory=list)
     manifests: list[Path] = field(default_factory=list)
+    selections: list[Path] = field(default_factory=list)
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -63,11 +83,12 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def discover(results_dir: str | os.PathLike) -> Inputs:
-    """Find result/timing JSONs, ``train_log.csv`` files and FlexiGPT manifests.
+    """Find result/timing JSONs, ``train_log.csv`` files, FlexiGPT manifests and LR sweeps.
 
     JSONs are classified by content: ``schema`` and ``labels`` → evaluation result (other
     JSONs with task scores, e.g. benchmark-script outputs, are not results); ``rows`` with
-    ``schema`` or ``batch`` → timing. Hidden directories, HF checkpoint files and files over
+    ``schema`` or ``batch`` → timing; ``schema``, ``trials`` and ``chosen`` → LR-sweep
+    selection record. Hidden directories, HF checkpoint files and files over
     20 MiB are skipped. A JSON that does not parse is an error (it names the file).
     """
     root = Path(results_dir)
@@ -89,11 +110,13 @@ def discover(results_dir: str | os.PathLike) -> Inputs:
                 continue
             if {"schema", "labels"} <= data.keys():
                 found.results.append(path)  # validated strictly later (schema included)
+            elif {"schema", "trials", "chosen"} <= data.keys():
+                found.selections.append(path)
             elif "rows" in data and ("schema" in data or "batch" in data):
                 found.timings.append(path)
-    log.info("found %d result, %d timing, %d train-log and %d manifest files under %s",
-             len(found.results), len(found.timings), len(found.train_logs),
-             len(found.manifests), root)
+    log.info("found %d result, %d timing, %d train-log, %d manifest and %d selection files "
+             "under %s", len(found.results), len(found.timings), len(found.train_logs),
+             len(found.manifests), len(found.selections), root)
     return found
 
 
@@ -118,12 +141,90 @@ def _need(path: Path, obj: Any, key: str, types: type | tuple[type, ...], where:
 _NUM = (int, float)
 
 
+def classify(method: str, variant: str) -> str:
+    """The table of a row without ``labels.table`` (the rules before that label existed)."""
+    if method == "dense":
+        return "dense" if variant == "default" else "extension"
+    if method == "flexigpt_extend":
+        return "extension"
+    if method == "flexigpt" and variant in _ABLATION_VARIANTS:
+        return "ablation"
+    if variant == "paper" or variant.endswith("_paper"):
+        return "paper_protocol"
+    if variant == "kd" or variant.endswith("_kd"):
+        return "kd"
+    return "main"
+
+
+def _choice(path: Path, obj: dict, key: str, allowed: tuple[str, ...], where: str) -> str | None:
+    """Optional ``obj[key]``: absent/null → None, else one of ``allowed``."""
+    if obj.get(key) is None:
+        return None
+    value = _need(path, obj, key, str, where)
+    if value not in allowed:
+        raise ResultFileError(path, f"{where}{key} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def _count(path: Path, obj: dict, key: str, where: str, nullable: bool = False) -> int | None:
+    value = _need(path, obj, key, int, where, nullable=nullable)
+    if value is not None and value < 0:
+        raise ResultFileError(path, f"{where + key!r} must be >= 0, got {value!r}")
+    return value
+
+
+def _opt(path: Path, obj: dict, key: str, types: type | tuple[type, ...], where: str) -> Any:
+    """Optional ``obj[key]``: absent or null → None, else checked like :func:`_need`."""
+    return None if obj.get(key) is None else _need(path, obj, key, types, where)
+
+
+def parse_recovery(path: str | os.PathLike, rec: Any) -> dict[str, Any]:
+    """A result file's ``recovery`` object → flat columns (see :data:`RECOVERY_COLUMNS`).
+
+    ``loss`` is required (``lm`` | ``kd``); the other fields may be null or absent (shown
+    as –) but are type-checked when present: ``recipe``/``lr_source`` str, ``lr``/
+    ``gamma_lr`` > 0, ``trainable_params``/``tokens`` ints >= 0, ``budget`` null or an
+    object with ``target``, ``achieved`` (ints), ``rel_error`` (number) and optionally
+    ``source`` (str).
+    """
+    path, where = Path(path), "recovery."
+    if not isinstance(rec, dict):
+        raise ResultFileError(path, f"'recovery' must be an object or null, got {rec!r}")
+    loss = _need(path, rec, "loss", str, where)
+    if loss not in LOSSES:
+        raise ResultFileError(path, f"recovery.loss must be one of {LOSSES}, got {loss!r}")
+    out: dict[str, Any] = {
+        "recipe": _opt(path, rec, "recipe", str, where), "loss": loss,
+        "lr": _lr(path, rec, "lr", where, nullable=True) if "lr" in rec else None,
+        "gamma_lr": _lr(path, rec, "gamma_lr", where, nullable=True) if "gamma_lr" in rec
+        else None,
+        "trainable_params": _count(path, rec, "trainable_params", where, nullable=True)
+        if "trainable_params" in rec else None,
+        "tokens": _count(path, rec, "tokens", where, nullable=True) if "tokens" in rec else None,
+        "lr_source": _opt(path, rec, "lr_source", str, where),
+        "budget_target": None, "budget_achieved": None, "budget_rel_error": None,
+        "budget_source": None}
+    budget = _opt(path, rec, "budget", dict, where)
+    if budget is not None:
+        bw = "recovery.budget."
+        out.update(budget_target=_count(path, budget, "target", bw),
+                   budget_achieved=_count(path, budget, "achieved", bw),
+                   budget_rel_error=float(_need(path, budget, "rel_error", _NUM, bw)),
+                   budget_source=_opt(path, budget, "source", str, bw))
+    return out
+
+
 def parse_result(path: str | os.PathLike) -> dict[str, Any]:
     """One evaluation JSON → a flat row (task values in %, ratio None→0 for dense).
 
     Row keys: file, model, method, variant, ratio, stage, seed, trained, num_layers, params_dense,
     params_compressed, achieved_ratio, ppl, ppl_text, ppl_seq_len, one column per task
-    (accuracy in %), ``metric:<task>``, ``n_docs:<task>``, ``limit:<task>``.
+    (accuracy in %), ``metric:<task>``, ``n_docs:<task>``, ``limit:<task>``, and
+    :data:`RECOVERY_COLUMNS`: ``table`` (``labels.table``, else :func:`classify`),
+    ``labels_table`` (the label as written, None when absent), ``loss`` (labels or
+    recovery), ``protocol``, ``blocks_pruned``, ``tokens`` (``recovery.tokens``, else the
+    older ``trained_tokens`` when > 0) and the other ``recovery`` fields. ``trained`` is
+    ``recovery is not None`` when the file has ``recovery``.
     """
     path = Path(path)
     data = read_json(path)
@@ -153,6 +254,7 @@ def parse_result(path: str | os.PathLike) -> dict[str, Any]:
                       else Path(str(data.get("model_dir", ""))).name == "trained")
     if row["stage"] not in STAGES:
         raise ResultFileError(path, f"labels.stage must be one of {STAGES}, got {row['stage']!r}")
+    row.update(_comparison_fields(path, data, labels, row))
     if row["method"] == "dense":  # the uncompressed model: ratio 0 by definition
         row["ratio"] = 0.0 if row["ratio"] is None else row["ratio"]
         row["achieved_ratio"] = 0.0 if row["achieved_ratio"] is None else row["achieved_ratio"]
@@ -172,6 +274,29 @@ def parse_result(path: str | os.PathLike) -> dict[str, Any]:
     return row
 
 
+def _comparison_fields(path: Path, data: dict, labels: dict, row: dict) -> dict[str, Any]:
+    """The optional table / protocol / recovery fields of one result file (validated)."""
+    out: dict[str, Any] = dict.fromkeys(RECOVERY_COLUMNS)
+    out["labels_table"] = _choice(path, labels, "table", TABLES, "labels.")
+    out["table"] = out["labels_table"] or classify(row["method"], row["variant"])
+    out["protocol"] = _choice(path, labels, "protocol", PROTOCOLS, "labels.")
+    if "blocks_pruned" in data:
+        out["blocks_pruned"] = _count(path, data, "blocks_pruned", "", nullable=True)
+    if "recovery" in data:
+        rec = data["recovery"]
+        if rec is not None:
+            out.update(parse_recovery(path, rec))
+        row["trained"] = rec is not None
+    elif row["trained"] and isinstance(data.get("trained_tokens"), int):
+        out["tokens"] = data["trained_tokens"]
+    label_loss = _choice(path, labels, "loss", LOSSES, "labels.")
+    if label_loss is not None and out["loss"] is not None and label_loss != out["loss"]:
+        raise ResultFileError(path, f"labels.loss {label_loss!r} disagrees with recovery.loss "
+                                    f"{out['loss']!r}")
+    out["loss"] = label_loss or out["loss"]
+    return out
+
+
 def collect_results(paths: list[str | os.PathLike]) -> pd.DataFrame:
     """Validated rows of all result files; duplicate (setting, seed) pairs are an error."""
     rows = [parse_result(p) for p in paths]
@@ -182,6 +307,8 @@ def collect_results(paths: list[str | os.PathLike]) -> pd.DataFrame:
         if task not in df:
             df[task] = float("nan")
     df["ratio"] = df["ratio"].astype(float)
+    for col in _NUMERIC_RECOVERY:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     key = [*SETTING_KEYS, "seed"]
     for setting, group in df.groupby(key, dropna=False, sort=False):
         if len(group) > 1:
@@ -267,3 +394,134 @@ def read_flexigpt_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
             "pruned_blocks": [int(b) for b in pruned],
             "base_map": {int(k): int(v) for k, v in base_map.items()},
             "distance_matrix": matrix}
+
+
+#: Columns of :func:`read_selection` / :func:`collect_selections` (one row per trial).
+SELECTION_COLUMNS = ("file", "run", "model", "method", "variant", "setting", "ratio", "metric",
+                     "tune_text", "tune_windows", "lr", "gamma_lr", "tune_ppl",
+                     "tune_ppl_before", "trainable_params", "tokens", "diverged", "chosen")
+
+
+def _lr(path: Path, obj: dict, key: str, where: str, nullable: bool = False) -> float | None:
+    value = _need(path, obj, key, _NUM, where, nullable=nullable)
+    if value is not None and value <= 0:
+        raise ResultFileError(path, f"{where + key!r} must be > 0, got {value!r}")
+    return None if value is None else float(value)
+
+
+def _ppl(path: Path, obj: dict, key: str, where: str) -> float:
+    """A tune PPL: a number; null, NaN and ±Infinity (a diverged trial) read as NaN / inf."""
+    if not isinstance(obj, dict) or key not in obj:
+        raise ResultFileError(path, f"missing required key {where + key!r}")
+    value = obj[key]
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, _NUM):
+        raise ResultFileError(path, f"{where + key!r} must be a number or null, got {value!r}")
+    return float(value)
+
+
+def _same_lr(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+
+
+def _ratio_of(setting: str) -> float | None:
+    if setting.startswith("r"):
+        try:
+            return float(setting[1:])
+        except ValueError:
+            return None
+    return None
+
+
+def read_selection(path: str | os.PathLike) -> pd.DataFrame:
+    """One LR-sweep record (``selection.json`` of a run's trained model) → one row per trial
+    (:data:`SELECTION_COLUMNS`; ``chosen`` marks the selected trial).
+
+    Schema 1: ``{"schema": 1, "run": "<model>/<method>/<variant>/<setting>", "metric",
+    "tune_text", "tune_windows" (int | null), "chosen": {"lr", "gamma_lr"|null},
+    "chosen_trial" (index, optional), "trials": [{"lr", "gamma_lr"|null, "tune_ppl",
+    "tune_ppl_before", "trainable_params", "tokens", "diverged" (optional)}]}`` (other keys,
+    e.g. ``grid``, are ignored). A diverged trial may have null lr / PPL / counts; a tune
+    PPL may be null, NaN or Infinity. The chosen trial (``chosen_trial``, else the first
+    trial with the chosen rates) must exist, agree with ``chosen`` and not be diverged.
+    """
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ResultFileError(path, "top level must be a JSON object")
+    if _need(path, data, "schema", int) != 1:
+        raise ResultFileError(path, f"unsupported schema {data['schema']!r} (expected 1)")
+    run = _need(path, data, "run", str)
+    parts = run.split("/")
+    if len(parts) != 4 or not all(parts):
+        raise ResultFileError(path, f"'run' must be '<model>/<method>/<variant>/<setting>', "
+                                    f"got {run!r}")
+    head = {"file": str(path), "run": run, "model": parts[0], "method": parts[1],
+            "variant": parts[2], "setting": parts[3], "ratio": _ratio_of(parts[3]),
+            "metric": _need(path, data, "metric", str),
+            "tune_text": _need(path, data, "tune_text", str),
+            "tune_windows": _count(path, data, "tune_windows", "", nullable=True)}
+    chosen = _need(path, data, "chosen", dict)
+    pick = (_lr(path, chosen, "lr", "chosen."),
+            _lr(path, chosen, "gamma_lr", "chosen.", nullable=True)
+            if "gamma_lr" in chosen else None)
+    trials = _need(path, data, "trials", list)
+    if not trials:
+        raise ResultFileError(path, "'trials' is empty")
+    rows: list[dict[str, Any]] = []
+    for i, trial in enumerate(trials):
+        where = f"trials[{i}]."
+        if not isinstance(trial, dict):
+            raise ResultFileError(path, f"'trials[{i}]' must be an object, got {trial!r}")
+        diverged = trial.get("diverged", False)
+        if not isinstance(diverged, bool):
+            raise ResultFileError(path, f"'{where}diverged' must be true/false, got {diverged!r}")
+        rows.append({**head, "lr": _lr(path, trial, "lr", where, nullable=diverged),
+                     "gamma_lr": _lr(path, trial, "gamma_lr", where, nullable=True)
+                     if "gamma_lr" in trial else None,
+                     "tune_ppl": _ppl(path, trial, "tune_ppl", where),
+                     "tune_ppl_before": _ppl(path, trial, "tune_ppl_before", where),
+                     "trainable_params": _count(path, trial, "trainable_params", where,
+                                                nullable=True),
+                     "tokens": _count(path, trial, "tokens", where, nullable=True),
+                     "diverged": diverged, "chosen": False})
+    if data.get("chosen_trial") is not None:
+        best = _count(path, data, "chosen_trial", "")
+        if best >= len(rows):
+            raise ResultFileError(path, f"'chosen_trial' {best} is out of range "
+                                        f"({len(rows)} trials)")
+        if not (_same_lr(rows[best]["lr"], pick[0]) and _same_lr(rows[best]["gamma_lr"], pick[1])):
+            raise ResultFileError(path, f"'chosen' (lr={pick[0]!r}, gamma_lr={pick[1]!r}) is not "
+                                        f"trials[{best}] ('chosen_trial')")
+    else:
+        hits = [i for i, r in enumerate(rows)
+                if _same_lr(r["lr"], pick[0]) and _same_lr(r["gamma_lr"], pick[1])]
+        if not hits:
+            raise ResultFileError(path, f"'chosen' (lr={pick[0]!r}, gamma_lr={pick[1]!r}) is not "
+                                        "one of the trials")
+        best = hits[0]
+    if rows[best]["diverged"]:
+        raise ResultFileError(path, f"the chosen trial (trials[{best}]) diverged")
+    rows[best]["chosen"] = True
+    df = pd.DataFrame(rows, columns=list(SELECTION_COLUMNS))
+    for col in ("lr", "gamma_lr", "ratio", "trainable_params", "tokens", "tune_windows"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    return df
+
+
+def collect_selections(paths: list[str | os.PathLike]) -> pd.DataFrame:
+    """All trials of all selection records; the same run in two files is an error."""
+    frames = [read_selection(p) for p in paths]
+    if not frames:
+        return pd.DataFrame(columns=list(SELECTION_COLUMNS))
+    seen: dict[str, str] = {}
+    for df in frames:
+        run, file = df["run"].iloc[0], df["file"].iloc[0]
+        if run in seen:
+            raise ResultFileError(file, f"duplicate selection record for run {run!r}: also in "
+                                        f"{seen[run]}")
+        seen[run] = file
+    return pd.concat(frames, ignore_index=True)

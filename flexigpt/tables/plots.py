@@ -18,10 +18,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 from flexigpt.tables.build import TASK_HEADERS, main_rows, method_label
 from flexigpt.tables.collect import TASKS
+from flexigpt.tables.render import sci
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def _log_y(ax: Any) -> None:
 
 
 def accuracy_vs_ratio(agg: pd.DataFrame, model: str, out_dir: str | os.PathLike,
-                      stem: str) -> list[Path]:
+                      stem: str, display: str | None = None) -> list[Path]:
     """Avg, per-task accuracy and PPL (log scale) against the achieved compression ratio,
     one line per method (final stage, main variants); dense is a dashed reference line."""
     rows = main_rows(agg, model)
@@ -90,7 +91,8 @@ def accuracy_vs_ratio(agg: pd.DataFrame, model: str, out_dir: str | os.PathLike,
         ax.tick_params(labelsize=8)
     axes[-1].axis("off")
     axes[-1].legend(list(handles.values()), list(handles), loc="center", fontsize=9, frameon=False)
-    fig.suptitle(f"{model}: accuracy and perplexity vs compression ratio", fontsize=12)
+    fig.suptitle(f"{display or model}: accuracy and perplexity vs compression ratio",
+                 fontsize=12)
     fig.tight_layout()
     return save_figure(fig, out_dir, stem)
 
@@ -182,5 +184,70 @@ def distance_heatmap(rec: dict[str, Any], out_dir: str | os.PathLike, stem: str)
     ax.tick_params(labelsize=7)
     ax.set(xlabel="candidate base block", ylabel="pruned block",
            title=f"{rec['model']} ratio={rec['ratio']}: base-selection distances (× = chosen)")
+    fig.tight_layout()
+    return save_figure(fig, out_dir, stem)
+
+
+def lr_sweep(sel: pd.DataFrame, model: str, out_dir: str | os.PathLike, stem: str,
+             display: str | None = None) -> list[Path]:
+    """Tune PPL vs learning rate (log-log), one panel per ratio plus one for the other
+    settings (extension, full); one line per run, and per γ LR where a run sweeps it; the
+    chosen trial is ringed. Diverged (non-finite) trials are left out of the lines."""
+    from flexigpt.tables.sweep import order_trials, sweep_label
+
+    rows = sel[sel["model"].eq(model)]
+    if rows.empty:
+        log.info("LR sweep plot for %s: no selection records; skipped", model)
+        return []
+    rows = order_trials(rows)
+    ratios = sorted(rows["ratio"].dropna().unique())
+    panels = [(f"ratio {100 * r:g}%", rows[rows["ratio"].eq(r)]) for r in ratios]
+    other = rows[rows["ratio"].isna()]
+    if len(other):
+        panels.append((f"other settings ({', '.join(dict.fromkeys(other['setting']))})", other))
+    n = len(panels)
+    cols = min(n, 3)
+    fig = Figure(figsize=(5.2 * cols, 4.0 * math.ceil(n / cols)))
+    axes = np.atleast_1d(fig.subplots(math.ceil(n / cols), cols, squeeze=False).ravel())
+    for ax, (title, g) in zip(axes, panels):
+        with_setting = g["ratio"].isna().all()
+        for i, (key, line) in enumerate(g.groupby(["method", "variant", "setting", "gamma_lr"],
+                                                  dropna=False, sort=False)):
+            method, variant, setting, gamma = key
+            label = sweep_label(method, variant) + (f" @ {setting}" if with_setting else "")
+            if not pd.isna(gamma):
+                label += f", γ LR {sci(float(gamma))}"
+            pts = line[line["tune_ppl"].map(math.isfinite) & line["lr"].notna()
+                       & ~line["diverged"]].sort_values("lr")
+            if pts.empty:
+                continue
+            (drawn,) = ax.plot(pts["lr"], pts["tune_ppl"], marker=_MARKERS[i % len(_MARKERS)],
+                               ms=4, label=label)
+            pick = pts[pts["chosen"]]
+            if len(pick):
+                ax.plot(pick["lr"], pick["tune_ppl"], marker="o", ms=12, mfc="none", mew=2,
+                        color=drawn.get_color(), ls="none")
+        diverged = g[(g["diverged"] | ~g["tune_ppl"].map(math.isfinite)) & g["lr"].notna()]
+        if len(diverged):
+            ax.plot(diverged["lr"], [0.97] * len(diverged), transform=ax.get_xaxis_transform(),
+                    marker="x", color="tab:red", ms=7, mew=2, ls="none",
+                    label="diverged (non-finite tune PPL)")
+        ax.set_xscale("log")
+        lrs = sorted(set(g["lr"].dropna()))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(lrs, [sci(v) for v in lrs])
+        finite = g["tune_ppl"][g["tune_ppl"].map(math.isfinite) & g["tune_ppl"].gt(0)]
+        if len(finite) and finite.max() / finite.min() > 3:
+            _log_y(ax)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("learning rate (log)", fontsize=8)
+        ax.set_ylabel("tune PPL", fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+        ax.tick_params(labelsize=8)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    for ax in axes[n:]:
+        ax.axis("off")
+    fig.suptitle(f"{display or model}: recovery LR sweeps (ringed = chosen)", fontsize=12)
     fig.tight_layout()
     return save_figure(fig, out_dir, stem)

@@ -37,6 +37,27 @@ FORMATS = {
 MISSING = "–"
 
 
+def si(v: float) -> str:
+    """A count with an SI suffix, 3 significant digits: 40960 → 41K, 5.03e7 → 50.3M."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(v) >= div:
+            return f"{v / div:.3g}{suffix}"
+    return f"{v:.0f}"
+
+
+def sci(v: float) -> str:
+    """Compact scientific notation for learning rates: 3e-4, 2.5e-4, 1e-3."""
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    mantissa, exponent = f"{v:.2e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+FORMATS["si"] = si
+FORMATS["sci"] = sci
+
+
 @dataclass
 class Block:
     """A titled set of rows.
@@ -127,7 +148,8 @@ def tex_escape(text: str) -> str:
     """Escape LaTeX specials in a cell."""
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
                  ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("–", "--"),
-                 ("†", r"$^\dagger$"), ("Δ", r"$\Delta$"), ("−", "-"), ("×", r"$\times$")):
+                 ("†", r"$^\dagger$"), ("Δ", r"$\Delta$"), ("−", "-"), ("×", r"$\times$"),
+                 ("γ", r"$\gamma$"), ("≈", r"$\approx$"), ("✓", r"$\checkmark$")):
         text = text.replace(a, b)
     return text.replace(r"\textbackslash\{\}", r"\textbackslash{}")
 

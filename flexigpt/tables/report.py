@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from flexigpt.artifacts import atomic_write_text
-from flexigpt.tables import ablation, build, timing
-from flexigpt.tables.collect import (Inputs, collect_results, collect_timings, discover,
-                                     read_flexigpt_manifest, read_train_log)
+from flexigpt.tables import ablation, build, sweep, timing
+from flexigpt.tables.collect import (Inputs, collect_results, collect_selections,
+                                     collect_timings, discover, read_flexigpt_manifest,
+                                     read_train_log)
 from flexigpt.tables.published import load_published
 from flexigpt.tables.render import write_table
 
@@ -35,10 +37,10 @@ def _label(path: Path, root: Path | None) -> str:
 
 def gather_inputs(results_dir: str | os.PathLike | None, results: PathList = None,
                   timings: PathList = None, train_logs: PathList = None,
-                  manifests: PathList = None) -> Inputs:
+                  manifests: PathList = None, selections: PathList = None) -> Inputs:
     """Explicit lists win per kind; kinds not given are discovered under ``results_dir``."""
     given = {"results": results, "timings": timings, "train_logs": train_logs,
-             "manifests": manifests}
+             "manifests": manifests, "selections": selections}
     if results_dir is None and results is None:
         raise ValueError("give a results directory or an explicit list of result files")
     found = discover(results_dir) if results_dir is not None and any(
@@ -51,30 +53,41 @@ def gather_inputs(results_dir: str | os.PathLike | None, results: PathList = Non
 
 def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike, *,
               results: PathList = None, timings: PathList = None, train_logs: PathList = None,
-              manifests: PathList = None, published: str | os.PathLike | None = None,
+              manifests: PathList = None, selections: PathList = None,
+              published: str | os.PathLike | None = None,
               formats: tuple[str, ...] = ("md", "csv", "tex"),
-              make_plots: bool = True) -> list[Path]:
-    """Write Tables 1, 4, 5, 6, 7 (per model, where inputs exist) and the figures.
+              make_plots: bool = True,
+              model_names: Mapping[str, str] | None = None) -> list[Path]:
+    """Write Tables 1, 4, 5, 6, 7, the paper-protocol and KD tables and the LR-sweep table
+    (per model, where inputs exist) and the figures.
 
     Args:
         results_dir: tree to discover inputs in (None: only the explicit lists).
         out_dir: where tables (``.md/.csv/.tex``) and figures (``.png/.pdf``) go.
-        results, timings, train_logs, manifests: explicit file lists (e.g. a Snakemake
-            rule's inputs); each replaces discovery for its kind.
+        results, timings, train_logs, manifests, selections: explicit file lists (e.g. a
+            Snakemake rule's inputs; ``selections`` = the LR sweeps' ``selection.json``);
+            each replaces discovery for its kind.
         published: the published-numbers CSV (default: the packaged one).
         formats: table formats to write.
         make_plots: also draw the figures.
+        model_names: model key → display name for titles (default: the key); file names
+            always use the key.
 
     Returns:
         The files written, in order. Raises ResultFileError / FileNotFoundError naming the
         first unreadable or malformed input.
     """
     root = Path(results_dir) if results_dir is not None else None
-    inputs = gather_inputs(results_dir, results, timings, train_logs, manifests)
+    inputs = gather_inputs(results_dir, results, timings, train_logs, manifests, selections)
+    names = dict(model_names or {})
+    bad = {k: v for k, v in names.items() if not isinstance(k, str) or not isinstance(v, str)}
+    if bad:
+        raise ValueError(f"model_names must map model keys to display names (str), got {bad!r}")
     pub = load_published(published)
     df = collect_results(inputs.results)
     agg = build.aggregate(df) if not df.empty else pd.DataFrame()
     times = collect_timings(inputs.timings)
+    sel = collect_selections(inputs.selections)
     # Read every figure input before writing anything, so a bad file fails fast.
     logs = {_label(p, root): read_train_log(p) for p in inputs.train_logs} if make_plots else {}
     records = [(p, r) for p in inputs.manifests
@@ -85,17 +98,29 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     if not models:
         log.info("no evaluation results: tables 1, 4, 5 skipped")
     for model in models:
-        for builder in (build.table1, ablation.table4, build.table5):
-            table = builder(agg, pub, model)
+        for builder in (build.table1, build.paper_protocol_table, build.kd_table,
+                        ablation.table4, build.table5):
+            table = builder(agg, pub, model, display=names.get(model))
             if table is not None:
                 written += write_table(table, out, formats)
     for model in (list(dict.fromkeys(times["model"])) if not times.empty else []):
         for number in (6, 7):
-            table = timing.timing_table(times, pub, model, number)
+            table = timing.timing_table(times, pub, model, number, display=names.get(model))
             if table is not None:
                 written += write_table(table, out, formats)
+    sweep_models = list(dict.fromkeys(sel["model"])) if not sel.empty else []
+    sweep_formats = tuple(f for f in formats if f in ("md", "csv"))
+    for model in sweep_models:
+        table = sweep.sweep_table(sel, model, names.get(model))
+        if table is not None and sweep_formats:
+            written += write_table(table, out, sweep_formats)
     if make_plots:
-        written += _figures(agg, logs, records, root, out)
+        written += _figures(agg, logs, records, root, out, names)
+        for model in sweep_models:
+            from flexigpt.tables import plots
+
+            written += plots.lr_sweep(sel, model, out, f"fig_lr_sweep_{build.slug(model)}",
+                                      names.get(model))
     index = out / "index.txt"
     atomic_write_text(index, "".join(f"{p.relative_to(out)}\n" for p in written))
     log.info("wrote %d files to %s", len(written), out)
@@ -104,14 +129,14 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
 
 def _figures(agg: pd.DataFrame, logs: dict[str, pd.DataFrame],
              records: list[tuple[Path, dict[str, Any]]], root: Path | None,
-             out: Path) -> list[Path]:
+             out: Path, names: Mapping[str, str] | None = None) -> list[Path]:
     """Accuracy/PPL-vs-ratio per model, recovery curves, BI bars and distance heat maps."""
     from flexigpt.tables import plots  # matplotlib only when figures are wanted
 
     written: list[Path] = []
     for model in (list(dict.fromkeys(agg["model"])) if not agg.empty else []):
         stem = f"fig_accuracy_vs_ratio_{build.slug(model)}"
-        written += plots.accuracy_vs_ratio(agg, model, out, stem)
+        written += plots.accuracy_vs_ratio(agg, model, out, stem, (names or {}).get(model))
     written += plots.recovery_curves(logs, out)
     seen: set[str] = set()
     if not records:

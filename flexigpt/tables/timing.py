@@ -11,8 +11,8 @@ import logging
 
 import pandas as pd
 
-from flexigpt.tables.build import (METHOD_LABELS, METHOD_ORDER, method_label, paper_title,
-                                   reference_model, slug)
+from flexigpt.tables.build import (METHOD_LABELS, METHOD_ORDER, display_name, method_label,
+                                   paper_title, reference_model, slug)
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 
@@ -33,8 +33,10 @@ def _label(method: str, variant: str) -> str:
     return method_label(method, variant) if method in METHOD_LABELS else method
 
 
-def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: int) -> Table | None:
+def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: int,
+                 display: str | None = None) -> Table | None:
     """Paper Table 6 (``number=6``) or 7 layout for one timed model; None without rows."""
+    title = display_name(model, display)
     what, keep, fallback = SPECS[number]
     rows = timings[timings["model"].eq(model) & timings["method"].map(keep)]
     if not (rows["method"] != "dense").any():
@@ -49,7 +51,7 @@ def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: i
                               "Ratio": g["ratio"].astype(float) * 100, "Seconds": g["seconds"],
                               "Tokens/s": g["tokens_per_s"], "Norm. time": g["relative_time"] * 100,
                               "Throughput": g["relative_throughput"] * 100})
-        blocks.append(Block(f"Ours: {model}, batch {batch}, seq_len {seq_len}", frame, _KINDS,
+        blocks.append(Block(f"Ours: {title}, batch {batch}, seq_len {seq_len}", frame, _KINDS,
                             notes=["Norm. time and Throughput relative to the dense model "
                                    "(100%)."]))
         delta = []
@@ -82,4 +84,4 @@ def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: i
         ["source", "model", "label", "method", "variant", "relative_time",
          "relative_throughput", "citation"]]], ignore_index=True)
     name = "table6_inference" if number == 6 else "table7_extension_cost"
-    return Table(f"{name}_{slug(model)}", f"Table {number} — {what}, {model}", blocks, csv)
+    return Table(f"{name}_{slug(model)}", f"Table {number} — {what}, {title}", blocks, csv)

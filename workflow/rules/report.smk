@@ -15,6 +15,8 @@ rule tables:
     params:
         figures=GRID.figure_inputs(),
         code=CODE_VERSION,
+        # model key -> display name for table titles (config model.name, default: the key)
+        model_names={config["model"]["key"]: config["model"].get("name", config["model"]["key"])},
     log:
         "logs/tables.log",
     conda:

@@ -1,9 +1,24 @@
-"""Every table and plot from the result files of this run."""
+"""Every table and plot from the result files of this run.
+
+Params read from the rule (only ``figures`` is required):
+  figures      dict: ``manifests``, ``train_logs`` (and optionally ``selections``) → lists of
+               paths (files inside directory outputs, so passed as params)
+  selections   list of ``results/<model>/<method>/<variant>/<setting>/selection.json`` (the
+               recovery LR sweeps); default: none, never discovered under results/
+  model_names  dict model key → display name for titles; default: the key
+"""
 
 from flexigpt.tables import build_all
 from flexigpt.workflow import script_logging
 
 log = script_logging(snakemake.log[0])
+params = snakemake.params
+figures = dict(params.get("figures") or {})
+selections = params.get("selections")
+if selections is not None:
+    figures["selections"] = list(selections)
+figures.setdefault("selections", [])  # an explicit list: no discovery under results/
 written = build_all("results", snakemake.output[0], results=list(snakemake.input.evals),
-                    timings=list(snakemake.input.inference), **snakemake.params.figures)
+                    timings=list(snakemake.input.inference),
+                    model_names=dict(params.get("model_names") or {}), **figures)
 log.info("wrote %d files", len(written))

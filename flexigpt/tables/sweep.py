@@ -1,0 +1,86 @@
+"""The recovery LR sweeps: every trial of every ``selection.json`` and the chosen LR.
+
+Rows come from :func:`~flexigpt.tables.collect.collect_selections` (one per trial); the
+figure is :func:`flexigpt.tables.plots.lr_sweep`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pandas as pd
+
+from flexigpt.tables.build import (EXTENSION_LABELS, METHOD_ORDER, display_name, method_label,
+                                   slug)
+from flexigpt.tables.render import Block, Table
+
+log = logging.getLogger(__name__)
+
+_RANK = {m: i for i, m in enumerate(METHOD_ORDER)}
+_KINDS = {"LR": "sci", "γ LR": "sci", "Trainable (M)": "num", "Tokens": "si",
+          "PPL before": "ppl", "Tune PPL": "ppl"}
+
+
+def order_trials(sel: pd.DataFrame) -> pd.DataFrame:
+    """Trials by setting (ratios first, ascending), method order, variant, γ LR, LR."""
+    return sel.assign(
+        _r=sel["ratio"].fillna(math.inf), _m=sel["method"].map(lambda m: _RANK.get(m, len(_RANK))),
+        _g=sel["gamma_lr"].fillna(-1.0)).sort_values(
+        ["_r", "setting", "_m", "method", "variant", "_g", "lr"]).drop(
+        columns=["_r", "_m", "_g"]).reset_index(drop=True)
+
+
+def sweep_label(method: str, variant: str) -> str:
+    """The run's display name (the extension's and controls' names from Table 5)."""
+    return EXTENSION_LABELS.get((method, variant)) or method_label(method, variant)
+
+
+def run_label(method: str, variant: str, setting: str) -> str:
+    return f"{sweep_label(method, variant)} @ {setting}"
+
+
+def sweep_table(sel: pd.DataFrame, model: str, display: str | None = None) -> Table | None:
+    """All LR-sweep trials of ``model`` (one bolding group per run; ✓ = chosen)."""
+    rows = sel[sel["model"].eq(model)]
+    if rows.empty:
+        log.info("LR sweep table for %s: no selection records; skipped", model)
+        return None
+    name = display_name(model, display)
+    ours = order_trials(rows)
+    frame = pd.DataFrame({
+        "Run": [run_label(m, v, s) for m, v, s in zip(ours["method"], ours["variant"],
+                                                      ours["setting"])],
+        "LR": ours["lr"], "γ LR": ours["gamma_lr"],
+        "Trainable (M)": ours["trainable_params"] / 1e6, "Tokens": ours["tokens"],
+        "PPL before": ours["tune_ppl_before"], "Tune PPL": ours["tune_ppl"],
+        "Chosen": ["✓" if c else "diverged" if d or not math.isfinite(t) else ""
+                   for c, d, t in zip(ours["chosen"], ours["diverged"], ours["tune_ppl"])]})
+    if frame["γ LR"].isna().all():
+        frame = frame.drop(columns="γ LR")
+    texts = sorted({t if pd.isna(w) else f"{t} ({int(w)} windows)"
+                    for t, w in zip(ours["tune_text"], ours["tune_windows"])})
+    metrics = sorted(set(ours["metric"]))
+    notes = [f"Selection metric {', '.join(metrics)}: PPL on {', '.join(texts)} after recovery "
+             "with the trial's learning rate(s); PPL before = the same text before recovery. "
+             "✓ = the chosen trial (selection.json); lowest Tune PPL per run in bold; "
+             "diverged = the trial failed or ended with a non-finite tune PPL."]
+    if "γ LR" in frame:
+        notes.append("γ LR = the learning rate of FlexiGPT's output-norm gains (– = none).")
+    off = []
+    for run, g in ours.groupby("run", sort=False):
+        finite = g[g["tune_ppl"].map(math.isfinite)]
+        chosen = g[g["chosen"]]
+        if len(finite) and len(chosen) and not (
+                chosen["tune_ppl"].iloc[0] <= finite["tune_ppl"].min()):
+            off.append(run)
+    if off:
+        notes.append(f"Chosen trial is not the lowest Tune PPL for: {', '.join(off)}.")
+    block = Block(f"Ours: {name}, recovery LR sweeps", frame, _KINDS, {"Tune PPL": "min"},
+                  group="Run", notes=notes)
+    csv = ours.drop(columns=["file"]).assign(
+        label=[run_label(m, v, s) for m, v, s in zip(ours["method"], ours["variant"],
+                                                     ours["setting"])])
+    front = ["model", "run", "label", "method", "variant", "setting", "ratio"]
+    csv = csv[front + [c for c in csv.columns if c not in front]]
+    return Table(f"lr_sweep_{slug(model)}", f"Recovery LR sweeps, {name}", [block], csv)
