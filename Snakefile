@@ -7,7 +7,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded default only when no --configfile is given: a user's config is validated as
+# written, never silently completed from the default's keys.
+if not config:
+
+    configfile: "config/config.yaml"
+
 
 
 include: "workflow/rules/common.smk"

@@ -9,6 +9,7 @@ Windows never contain padding.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -89,3 +90,34 @@ def token_windows(path: str | os.PathLike, tokenizer: object, seq_len: int,
     if bos is not None:
         windows = torch.cat([torch.full((windows.shape[0], 1), bos), windows], dim=1)
     return windows.contiguous()
+
+
+def split_heldout(path: str | os.PathLike, tune_out: str | os.PathLike,
+                  test_out: str | os.PathLike, tune_fraction: float = 0.5) -> dict[str, int]:
+    """Split a held-out text by document into a tuning part and a test part.
+
+    A document goes to the tuning split when the first 8 bytes of its sha256 read as an
+    integer fall below ``tune_fraction · 2⁶⁴``: a pure function of the document, so the
+    split does not depend on file order and no document is in both. Recovery choices
+    (learning rates, the training curve) read only ``tune_out``; perplexity only
+    ``test_out``. Both files are written atomically.
+
+    Raises:
+        CalibrationDataError: the text is missing or empty, or one split would be empty.
+    """
+    from flexigpt.artifacts import atomic_write_text
+
+    if not 0.0 < tune_fraction < 1.0:
+        raise ValueError(f"tune_fraction must be in (0, 1), got {tune_fraction!r}")
+    tune: list[str] = []
+    test: list[str] = []
+    threshold = int(tune_fraction * 2**64)
+    for doc in read_documents(path):
+        digest = int.from_bytes(hashlib.sha256(doc.encode("utf-8")).digest()[:8], "big")
+        (tune if digest < threshold else test).append(doc)
+    if not tune or not test:
+        raise CalibrationDataError(f"text file {str(path)!r} has too few documents to split "
+                                   f"({len(tune)} tune, {len(test)} test)")
+    atomic_write_text(tune_out, "\n\n".join(tune) + "\n")
+    atomic_write_text(test_out, "\n\n".join(test) + "\n")
+    return {"tune_documents": len(tune), "test_documents": len(test)}

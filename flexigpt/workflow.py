@@ -8,6 +8,11 @@ wildcards ``{model}/{method}/{variant}/{setting}``:
   for the extension; ``variant`` is ``default`` or an ablation / extension pattern name.
 - Each run is evaluated at stage ``final`` (perplexity + tasks) and, when it has recovery
   training, at stage ``start`` (perplexity right after compression: Table 4's "Start PPL").
+- Held-out text is split by document (:func:`flexigpt.calibration.split_heldout`): every
+  recovery choice reads the tuning split, perplexity only the test split.
+- A recovered run trains one model per point of its recipe's tuning grid (``sweep/t<i>``)
+  and keeps the one with the lowest tuning-split perplexity as ``trained/`` (its
+  ``selection.json`` lists every trial).
 """
 
 from __future__ import annotations
@@ -24,11 +29,23 @@ BI_METHODS = ("flexigpt", "shortgpt", "shortgpt_lora")
 #: offline resource builders → the checkpoint folder they produce.
 RESOURCE_MODELS = {"smollm2": "resources/models/smollm2-135m",
                    "tiny-llama": "resources/models/tiny-llama"}
+#: tables a run can belong to (``labels.table`` of its result JSONs).
+TABLES = ("dense", "main", "paper_protocol", "kd", "ablation", "extension")
+#: learning-rate keys a tuning grid may sweep, per trainer recipe.
+GRID_KEYS = {"flexigpt": ("lr", "gamma_lr"), "lora": ("lr",), "full": ("lr",)}
+
+Key = tuple[str, str, str, str]
 
 
 @dataclass(frozen=True)
 class Run:
-    """One model the DAG produces (see module doc for the wildcards)."""
+    """One model the DAG produces (see module doc for the wildcards).
+
+    ``match``, ``budget``, ``lr_from`` and ``compressed_from`` name other runs of the grid:
+    the run whose achieved ratio this run's block count is matched to, whose trainable
+    count its LoRA is sized to, whose chosen learning rates it reuses (no sweep of its
+    own), and whose compressed model it trains (instead of compressing again).
+    """
 
     model: str
     method: str  # registry key of the compression step
@@ -38,12 +55,19 @@ class Run:
     recovery: bool = False
     recipe: str | None = None  # trainer recipe override (None: the method's own)
     tokens: int | None = None  # recovery token budget override
+    training: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
+    match: Key | None = None
+    budget: Key | None = None
+    lr_from: Key | None = None
+    compressed_from: Key | None = None
+    table: str = "main"
+    protocol: str | None = None
     calibration: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     dtype: str = "float32"
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
+    def key(self) -> Key:
         return (self.model, self.method, self.variant, self.setting)
 
     @property
@@ -59,15 +83,44 @@ class Run:
         return self.method in BI_METHODS
 
     @property
+    def loss(self) -> str:
+        return str(self.training.get("loss", "lm"))
+
+    @property
     def prefix(self) -> str:
-        return f"results/{self.model}/{self.method}/{self.variant}/{self.setting}"
+        return prefix_of(self.key)
+
+    @property
+    def name(self) -> str:
+        """``model/method/variant/setting``."""
+        return "{}/{}/{}/{}".format(*self.key)
+
+    @property
+    def compressed_dir(self) -> str:
+        return f"{prefix_of(self.compressed_from or self.key)}/compressed"
+
+    @property
+    def trained_dir(self) -> str:
+        return f"{self.prefix}/trained"
+
+    def final_dir(self) -> str:
+        return self.trained_dir if self.recovery else self.compressed_dir
+
+    def recovery_recipe(self) -> str:
+        """The trainer recipe: the override, else the method's registered one."""
+        from flexigpt.registry import get_method
+
+        return self.recipe or get_method(self.method).recovery
 
     def eval_json(self, stage: str) -> str:
         return f"{self.prefix}/eval_{stage}.json"
 
     def stages(self) -> list[str]:
-        # the start of a trained dense control is the dense model itself: not evaluated twice
-        return ["start", "final"] if self.recovery and self.method != "dense" else ["final"]
+        # the start of a trained dense control is the dense model itself, and a run that
+        # trains another run's compressed model shares that run's start: not evaluated twice
+        if self.recovery and self.method != "dense" and self.compressed_from is None:
+            return ["start", "final"]
+        return ["final"]
 
     def wildcards_ns(self) -> SimpleNamespace:
         return SimpleNamespace(model=self.model, method=self.method, variant=self.variant,
@@ -82,14 +135,33 @@ class Run:
 
     def labels(self, stage: str) -> dict[str, Any]:
         return {"model": self.model, "method": self.method, "variant": self.variant,
-                "setting": self.setting, "ratio": self.ratio, "stage": stage, "seed": self.seed}
+                "setting": self.setting, "ratio": self.ratio, "stage": stage, "seed": self.seed,
+                "table": self.table, "protocol": self.protocol, "loss": self.loss}
+
+
+def prefix_of(key: Key) -> str:
+    return "results/{}/{}/{}/{}".format(*key)
+
+
+def _ref(spec: str, model: str, variant: str, setting: str) -> Key:
+    """``"method"`` or ``"method/variant"`` → a run key at ``setting``."""
+    method, _, named = spec.partition("/")
+    return (model, method, named or variant, setting)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """A variant block: the method block's settings, overridden key by key."""
+    out = {key: over.get(key, base.get(key)) for key in ("recovery", "match", "budget")}
+    out["options"] = {**(base.get("options") or {}), **(over.get("options") or {})}
+    out["training"] = {**(base.get("training") or {}), **(over.get("training") or {})}
+    return out
 
 
 @dataclass
 class RunGrid:
     """All runs of one config, with the shared settings rules need."""
 
-    runs: dict[tuple[str, str, str, str], Run]
+    runs: dict[Key, Run]
     model_paths: dict[str, str]
     model_resources: dict[str, str | None]
     calibration_text: str
@@ -103,6 +175,7 @@ class RunGrid:
     calibration: dict[str, Any]
     seed: int
     hub_text: dict[str, Any] = field(default_factory=dict)
+    tuning: dict[str, Any] = field(default_factory=dict)
 
     # ---- construction ------------------------------------------------------------------
     @classmethod
@@ -111,7 +184,8 @@ class RunGrid:
 
         Raises:
             ValueError: inconsistent settings the schema cannot express (e.g. a resource
-                model whose path is not where its builder writes).
+                model whose path is not where its builder writes, a ``match``/``budget``
+                naming a run that is not in the grid).
         """
         model = config["model"]
         data = config["data"]
@@ -119,69 +193,154 @@ class RunGrid:
         dtype = model.get("dtype", "float32")
         calib = {"n_calibration": config["calibration"].get("n_windows", 128),
                  "seq_len": config["calibration"].get("seq_len", 512)}
-        paths = {model["key"]: model["path"]}
-        resources = {model["key"]: model.get("resource")}
-        if resources[model["key"]] is not None:
-            expected = RESOURCE_MODELS[resources[model["key"]]]
+        key = model["key"]
+        paths = {key: model["path"]}
+        resources = {key: model.get("resource")}
+        if resources[key] is not None:
+            expected = RESOURCE_MODELS[resources[key]]
             if Path(model["path"]) != Path(expected):
                 raise ValueError(f"model.path must be {expected!r} for resource "
-                                 f"{resources[model['key']]!r}, got {model['path']!r}")
+                                 f"{resources[key]!r}, got {model['path']!r}")
         if data.get("task_source", "local") == "local" and not data.get("benchmarks"):
             raise ValueError("data.benchmarks is required when data.task_source is 'local'")
-        runs: dict[tuple[str, str, str, str], Run] = {}
+        runs: dict[Key, Run] = {}
+        common = {"calibration": calib, "seed": seed, "dtype": dtype}
 
         def add(run: Run) -> None:
             runs[run.key] = run
 
-        common = {"calibration": calib, "seed": seed, "dtype": dtype}
+        def method_run(name: str, variant: str, block: dict[str, Any], setting: str,
+                       table: str, protocol: str, ref_variant: str, **extra: Any) -> Run:
+            return Run(key, name, variant, setting, options=dict(block["options"]),
+                       recovery=bool(block.get("recovery")),
+                       training=dict(block.get("training") or {}),
+                       match=_ref(block["match"], key, ref_variant, setting)
+                       if block.get("match") else None,
+                       budget=_ref(block["budget"], key, ref_variant, setting)
+                       if block.get("budget") else None,
+                       table=table, protocol=protocol, **extra, **common)
+
         methods = config["methods"]
+        blocks: dict[tuple[str, str], dict[str, Any]] = {}
         for name, block in methods.items():
             block = block or {}
             if name == "dense":
-                add(Run(model["key"], "dense", "default", "full", **common))
+                add(Run(key, "dense", "default", "full", table="dense", **common))
                 continue
+            blocks[(name, "default")] = _merge({}, block)
+            for variant, over in (block.get("variants") or {}).items():
+                blocks[(name, variant)] = _merge(block, over or {})
+        for (name, variant), block in blocks.items():
             for ratio in config["ratios"]:
-                add(Run(model["key"], name, "default", f"r{ratio:g}",
-                        options=dict(block.get("options", {})),
-                        recovery=bool(block.get("recovery", False)), **common))
+                add(method_run(name, variant, block, f"r{ratio:g}", "main", "matched",
+                               "default"))
+        for name in (config.get("paper_protocol") or {}).get("methods", []):
+            if (name, "default") not in blocks:
+                raise ValueError(f"paper_protocol names {name!r}, which is not in methods")
+            block = dict(blocks[(name, "default")])
+            block["options"] = {**block["options"], "policy": "paper"}
+            block["match"] = None  # same int(ratio·L) blocks: nothing to match
+            for ratio in config["ratios"]:  # recovered rows reuse their Table 1 run's LRs
+                setting = f"r{ratio:g}"
+                ref = (key, name, "default", setting)
+                add(method_run(name, "paper", block, setting, "paper_protocol", "paper",
+                               "paper", lr_from=ref if block.get("recovery") else None))
+        kd = config.get("kd") or {}
+        for spec in kd.get("runs", []):
+            name, _, variant = spec.partition("/")
+            variant = variant or "default"
+            if (name, variant) not in blocks:
+                raise ValueError(f"kd.runs names {spec!r}, which is not a method/variant")
+            block = dict(blocks[(name, variant)])
+            block["recovery"] = True
+            block["training"] = {**block["training"], "loss": "kd",
+                                 "kd_temperature": kd.get("temperature", 2.0)}
+            kd_variant = "kd" if variant == "default" else f"{variant}_kd"
+            for ratio in kd.get("ratios", config["ratios"]):
+                setting = f"r{ratio:g}"
+                ref = (key, name, variant, setting)
+                add(method_run(name, kd_variant, block, setting, "kd", "matched", "default",
+                               lr_from=ref, compressed_from=ref))
         ablations = config.get("ablations") or {}
         if ablations.get("variants"):
-            if "flexigpt" not in methods:
+            if ("flexigpt", "default") not in blocks:
                 raise ValueError("ablations need methods.flexigpt")
-            base = methods["flexigpt"] or {}
+            base = blocks[("flexigpt", "default")]
+            setting = f"r{ablations['ratio']:g}"
+            ref = (key, "flexigpt", "default", setting)
             for variant, overrides in ablations["variants"].items():
-                add(Run(model["key"], "flexigpt", variant, f"r{ablations['ratio']:g}",
-                        options={**base.get("options", {}), **overrides},
-                        recovery=bool(base.get("recovery", False)), **common))
+                block = {**base, "options": {**base["options"], **overrides}}
+                add(method_run("flexigpt", variant, block, setting, "ablation", "matched",
+                               "default", lr_from=ref if ref in runs else None))
         ext = config.get("extension") or {}
         if ext.get("patterns"):
-            key = ext.get("model_key", model["key"])
-            paths.setdefault(key, ext.get("model_path", model["path"]))
-            resources.setdefault(key, None)
+            ext_key = ext.get("model_key", key)
+            paths.setdefault(ext_key, ext.get("model_path", model["path"]))
+            resources.setdefault(ext_key, None)
             tokens = ext.get("tokens")
+            setting = f"L{ext['layers']}"
             for pattern in ext["patterns"]:
                 options = {"layers": ext["layers"], "pattern": pattern}
                 if ext.get("span"):
                     options["span"] = list(ext["span"])
-                add(Run(key, "flexigpt_extend", pattern, f"L{ext['layers']}", options=options,
-                        recovery=True, tokens=tokens, **common))
-            add(Run(key, "dense", "default", "full", **common))
+                add(Run(ext_key, "flexigpt_extend", pattern, setting, options=options,
+                        recovery=True, tokens=tokens, table="extension", **common))
+            add(Run(ext_key, "dense", "default", "full", table="dense", **common))
             if ext.get("control", True):
-                add(Run(key, "dense", "trained", "full", recovery=True, recipe="full",
-                        tokens=tokens, **common))
-        return cls(runs=runs, model_paths=paths, model_resources=resources,
+                add(Run(ext_key, "dense", "trained", "full", recovery=True, recipe="full",
+                        tokens=tokens, table="extension", **common))
+            if ext.get("lora_control", False):
+                add(Run(ext_key, "dense", "trained_lora", "full", recovery=True, recipe="lora",
+                        tokens=tokens, table="extension",
+                        budget=(ext_key, "flexigpt_extend", ext["patterns"][0], setting),
+                        **common))
+        grid = cls(runs=runs, model_paths=paths, model_resources=resources,
                    calibration_text=data.get("calibration_text", data["train_text"]),
                    train_text=data["train_text"], validation_text=data["validation_text"],
-                   benchmarks=data.get("benchmarks"), task_source=data.get("task_source", "local"),
+                   benchmarks=data.get("benchmarks"),
+                   task_source=data.get("task_source", "local"),
                    training=dict(config["training"]), evaluation=dict(config["evaluation"]),
                    inference=dict(config.get("inference") or {}),
                    calibration={**calib, "seed": seed, "dtype": dtype}, seed=seed,
-                   hub_text=dict(data.get("hub_text") or {}))
+                   hub_text=dict(data.get("hub_text") or {}),
+                   tuning=dict(config.get("tuning") or {}))
+        grid.check_references()
+        return grid
+
+    def check_references(self) -> None:
+        """Every ``match``/``budget``/``lr_from``/``compressed_from`` names another run that
+        exists and can serve (a budget source must be recovered with adapters)."""
+        for run in self.runs.values():
+            for what in ("match", "budget", "lr_from", "compressed_from"):
+                ref = getattr(run, what)
+                if ref is None:
+                    continue
+                where = "{}/{}/{}/{}".format(*run.key)
+                if ref == run.key:
+                    raise ValueError(f"run {where}: {what} names the run itself")
+                if ref not in self.runs:
+                    raise ValueError(f"run {where}: {what} names {'/'.join(ref)}, which is "
+                                     "not in the grid")
+                if what == "lr_from" and not self.runs[ref].recovery:
+                    raise ValueError(f"run {where}: lr_from names {'/'.join(ref)}, which is "
+                                     "not trained")
+            if run.budget is not None and not run.recovery:
+                raise ValueError(f"run {'/'.join(run.key)}: a budget needs recovery: true")
 
     # ---- lookups -------------------------------------------------------------------------
     @property
     def model_keys(self) -> list[str]:
         return sorted(self.model_paths)
+
+    @property
+    def tune_text(self) -> str:
+        """Documents of the held-out text used for every recovery choice (never scored)."""
+        return str(Path(self.validation_text).with_suffix(".tune.txt"))
+
+    @property
+    def test_text(self) -> str:
+        """Documents of the held-out text whose perplexity the tables report."""
+        return str(Path(self.validation_text).with_suffix(".test.txt"))
 
     def model_path(self, key: str) -> str:
         return self.model_paths[key]
@@ -213,12 +372,14 @@ class RunGrid:
         return [run.eval_json(stage) for run in self.runs.values() for stage in run.stages()]
 
     def figure_inputs(self) -> dict[str, list[str]]:
-        """This grid's FlexiGPT manifests and training logs (files inside directory outputs,
-        so passed as params): figures never pick up other runs under ``results/``."""
+        """This grid's FlexiGPT manifests, training logs and LR-sweep records (files inside
+        directory outputs, so passed as params): figures never pick up other runs."""
+        trained = [run for run in self.runs.values() if run.recovery]
         return {"manifests": [f"{run.prefix}/compressed/manifest.json"
-                              for run in self.runs.values() if run.method == "flexigpt"],
-                "train_logs": [f"{run.prefix}/trained/train_log.csv"
-                               for run in self.runs.values() if run.recovery]}
+                              for run in self.runs.values()
+                              if run.method == "flexigpt" and run.compressed_from is None],
+                "train_logs": [f"{run.trained_dir}/train_log.csv" for run in trained],
+                "selections": [f"{run.trained_dir}/selection.json" for run in trained]}
 
     def inference_runs(self, model: str) -> dict[str, Run]:
         """Models timed together for Tables 6/7: dense, ShortGPT and FlexiGPT at the first
@@ -238,14 +399,47 @@ class RunGrid:
         return [f"results/{m}/inference.json" for m in self.model_keys
                 if len(self.inference_runs(m)) > 1]
 
-    def train_params(self, run: Run) -> dict[str, Any]:
+    # ---- recovery: tuning trials and training --------------------------------------------
+    def trials(self, run: Run) -> list[dict[str, Any]]:
+        """The learning-rate trials of a recovered run: the tuning grid of its recipe (the
+        product of its ``lr`` and ``gamma_lr`` lists), or one trial when it reuses another
+        run's choice (``lr_from``) or the grid has nothing for its recipe."""
+        if run.lr_from is not None:
+            return [{"lr_from": prefix_of(run.lr_from)}]
+        grid = (self.tuning.get("grid") or {}).get(run.recovery_recipe()) or {}
+        trials: list[dict[str, Any]] = [{}]
+        for name in GRID_KEYS.get(run.recovery_recipe(), ()):
+            if grid.get(name):
+                trials = [{**t, name: float(v)} for t in trials for v in grid[name]]
+        return trials
+
+    def trial_ids(self, run: Run) -> list[str]:
+        return [f"t{i}" for i in range(len(self.trials(run)))]
+
+    def trial_dir(self, run: Run, trial: str) -> str:
+        return f"{run.prefix}/sweep/{trial}/trained"
+
+    def train_params(self, run: Run, trial: str | None = None) -> dict[str, Any]:
+        """TrainConfig fields of one trial (``trial`` None: the first)."""
         cfg = dict(self.training)
         if run.tokens is not None:
             cfg["tokens"] = run.tokens
         cfg["seed"] = run.seed
         if run.recipe is not None:
             cfg["recipe"] = run.recipe
+        cfg.update(run.training)
+        if self.tuning.get("windows"):
+            cfg["eval_windows"] = int(self.tuning["windows"])
+        trials = self.trials(run)
+        chosen = trials[int(trial[1:]) if trial else 0]
+        cfg.update({k: v for k, v in chosen.items() if k in ("lr", "gamma_lr")})
         return cfg
+
+    def trial_info(self, run: Run, trial: str) -> dict[str, Any]:
+        """What the trial script needs besides the TrainConfig."""
+        trials = self.trials(run)
+        return {"trial": trial, "grid": trials, "point": trials[int(trial[1:])],
+                "run": run.name}
 
     def eval_params(self, run: Run, stage: str) -> dict[str, Any]:
         ev = self.evaluation

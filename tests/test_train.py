@@ -226,11 +226,18 @@ def test_plan_resolution_order():
 
 
 def test_lr_schedule_warmup_then_cosine():
-    f = lr_factor(TrainConfig(warmup=2, min_lr_ratio=0.1), steps=10)
+    f = lr_factor(TrainConfig(warmup=2, warmup_min_steps=0, min_lr_ratio=0.1), steps=10)
     values = [f(i) for i in range(10)]
     assert values[:3] == [0.5, 1.0, 1.0]
     assert all(a > b for a, b in zip(values[2:], values[3:]))
     assert math.isclose(values[-1], 0.1)
+
+
+def test_warmup_has_a_floor_capped_at_half_the_run():
+    assert TrainConfig(warmup=0.05).warmup_steps(16) == 3  # round(0.8) = 1 → floor 3
+    assert TrainConfig(warmup=0.05).warmup_steps(200) == 10
+    assert TrainConfig(warmup=0.05).warmup_steps(4) == 2  # at most half the steps
+    assert TrainConfig(warmup=0.05, warmup_min_steps=0).warmup_steps(16) == 1
 
 
 def test_none_recipe_saves_unchanged(tiny_checkpoint, text_file, tmp_path):
@@ -259,5 +266,23 @@ def test_cli_full_recipe(tiny_checkpoint, text_file, tmp_path, capsys):
 
 
 def test_plan_is_serialisable():
-    plan = TrainPlan("lora", 1e-3, 4, 8.0, 0.0, ("q_proj",), False, {"lr": "config"})
+    plan = TrainPlan("lora", 1e-3, 1e-3, 4, 8.0, 0.0, ("q_proj",), False, sources={"lr": "config"})
     assert json.loads(json.dumps(plan.to_dict()))["lora_targets"] == ["q_proj"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_cross_entropy_equals_torch(dtype, monkeypatch):
+    import flexigpt.training.loop as loop
+
+    monkeypatch.setattr(loop, "CHUNK_ROWS", 7)  # several chunks, a ragged last one
+    torch.manual_seed(0)
+    logits = torch.randn(3, 11, 50, dtype=dtype, requires_grad=True)
+    ids = torch.randint(0, 50, (3, 11))
+    ref = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, 50),
+                                            ids[:, 1:].reshape(-1))
+    (g_ref,) = torch.autograd.grad(ref * 3.0, logits)
+    ours = loop.causal_lm_loss(logits, ids)
+    (g_ours,) = torch.autograd.grad(ours * 3.0, logits)
+    assert float(ours) == pytest.approx(float(ref), rel=1e-6)
+    assert g_ours.dtype == dtype and torch.allclose(g_ours.float(), g_ref.float(), atol=1e-6)
+    assert torch.count_nonzero(g_ours[:, -1]) == 0  # the last position predicts nothing

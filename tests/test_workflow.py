@@ -79,17 +79,40 @@ def test_grid_of_default_config():
         "manifests"]
     assert "results/smollm2-135m/shortgpt_lora/default/r0.3/trained/train_log.csv" in figures[
         "train_logs"]
-    assert not any("/shortgpt/" in p or "slicegpt" in p for p in sum(figures.values(), []))
+    assert not any("/shortgpt/" in p or "slicegpt/default" in p
+                   for p in sum(figures.values(), []))
+    assert "results/smollm2-135m/slicegpt/rft/r0.3/trained/selection.json" in figures[
+        "selections"]
     assert {("flexigpt_extend", "block", "L45"), ("flexigpt_extend", "sequential", "L45"),
             ("dense", "trained", "full"), ("dense", "default", "full")} <= methods
     flexi = grid.run("smollm2-135m", "flexigpt", "default", "r0.3")
-    assert flexi.compress_params()["options"] == {"policy": "paper", "ratio": 0.3}
+    assert flexi.compress_params()["options"] == {"policy": "matched", "ratio": 0.3}
     assert flexi.stages() == ["start", "final"]
+    # like-for-like links of Table 1 and the paper protocol
+    lora = grid.run("smollm2-135m", "shortgpt_lora", "default", "r0.3")
+    assert lora.match == lora.budget == flexi.key and lora.table == "main"
+    paper = grid.run("smollm2-135m", "shortgpt_lora", "paper", "r0.4")
+    assert paper.budget == ("smollm2-135m", "flexigpt", "paper", "r0.4") and paper.match is None
+    assert paper.compress_params()["options"]["policy"] == "paper"
+    assert paper.lr_from == lora.key[:3] + ("r0.4",)
+    every = {(r.method, r.variant) for r in grid.runs.values() if r.recovery}
+    assert {("slicegpt", "rft"), ("llm_pruner", "lora"), ("flexigpt", "lora_all")} <= every
+    kd = grid.run("smollm2-135m", "flexigpt", "kd", "r0.3")
+    assert kd.compressed_from == kd.lr_from == flexi.key and kd.stages() == ["final"]
+    assert grid.train_params(kd)["loss"] == "kd" and kd.labels("final")["table"] == "kd"
+    # the sweep: γ gets its own learning rates, a reused choice is one trial
+    assert [t.get("gamma_lr") for t in grid.trials(flexi)] == [1e-2, 5e-2]
+    assert grid.train_params(flexi, "t1")["gamma_lr"] == 5e-2
+    assert grid.trials(kd) == [{"lr_from": flexi.prefix}]
+    assert grid.tune_text.endswith("validation.tune.txt")
+    assert grid.test_text.endswith("validation.test.txt")
     assert grid.eval_params(flexi, "start")["tasks"] == []
     assert grid.run("smollm2-135m", "shortgpt", "default", "r0.4").stages() == ["final"]
     ablation = grid.run("smollm2-135m", "flexigpt", "no_lowrank", "r0.3")
     assert ablation.compress_params()["options"]["distance"] == "full"
     assert grid.train_params(grid.run("smollm2-135m", "dense", "trained", "full"))["recipe"] == "full"
+    lora_control = grid.run("smollm2-135m", "dense", "trained_lora", "full")
+    assert lora_control.budget == ("smollm2-135m", "flexigpt_extend", "block", "L45")
     timed = grid.inference_runs("smollm2-135m")
     assert next(iter(timed)) == "dense/default/full"
     assert {"shortgpt/default/r0.3", "flexigpt/default/r0.3"} <= set(timed)
@@ -99,8 +122,10 @@ def test_grid_partial_and_errors():
     cfg = load("config/smoke.yaml")
     partial = copy.deepcopy(cfg)
     partial["methods"] = {"dense": {}, "shortgpt": {}}
-    partial.pop("ablations")
-    partial.pop("extension")
+    with pytest.raises(ValueError, match="paper_protocol names 'flexigpt'"):
+        RunGrid.from_config(partial)
+    for section in ("ablations", "extension", "paper_protocol", "kd"):
+        partial.pop(section)
     partial["ratios"] = [0.3]
     grid = RunGrid.from_config(partial)
     assert len(grid.runs) == 2 and len(grid.eval_targets()) == 2
@@ -110,6 +135,13 @@ def test_grid_partial_and_errors():
         RunGrid.from_config(bad)
     with pytest.raises(ValueError, match="no run"):
         grid.run("tiny-llama", "flexigpt", "default", "r0.3")
+    dangling = copy.deepcopy(cfg)
+    dangling["methods"].pop("flexigpt")
+    dangling.pop("ablations")
+    dangling["kd"]["runs"] = []
+    dangling["paper_protocol"]["methods"] = ["shortgpt"]
+    with pytest.raises(ValueError, match="not in the grid"):  # shortgpt matches flexigpt
+        RunGrid.from_config(dangling)
 
 
 def test_dag_times_summarises_benchmark_files(tmp_path):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flexigpt.block_count import POLICIES
 from flexigpt.block_influence import validate_scores
 from flexigpt.registry import validate_ratio
-
-POLICIES = ("matched", "paper")
 
 
 @dataclass
@@ -16,11 +15,15 @@ class ShortGPTConfig:
 
     Attributes:
         ratio: compression target in (0, 1).
-        policy: how ``ratio`` becomes a block count k.
-            ``"matched"``: the k whose parameter reduction (``flexigpt.params.count_parameters``,
-            embeddings and head included) is nearest to ``ratio`` (ties: fewer blocks);
+        policy: how ``ratio`` becomes a block count k (:mod:`flexigpt.block_count`, the rule
+            FlexiGPT uses too). ``"matched"``: the k whose parameter reduction
+            (``flexigpt.params.count_parameters``, embeddings and head included) is nearest
+            to ``ratio`` — or to ``match_ratio`` when set (ties: fewer blocks);
             ``"paper"``: k = int(ratio · L), the FlexiGPT paper's label (9 of 32 blocks for
             "30 %" on LLaMA-2-7B, which is 27 % of its parameters).
+        match_ratio: with ``matched``: the achieved ratio of the model this one is compared
+            with (the DAG passes the FlexiGPT model's at the same target), so both rows land
+            within half a ShortGPT block step of each other. None: use ``ratio``.
         batch_size: sequences per forward pass when computing Block Influence.
         bi_scores: precomputed Block Influence, one per block (the DAG shares FlexiGPT's);
             None computes it from the calibration windows.
@@ -30,9 +33,12 @@ class ShortGPTConfig:
     policy: str = "matched"
     batch_size: int = 4
     bi_scores: list[float] | None = None
+    match_ratio: float | None = None
 
     def __post_init__(self) -> None:
         self.ratio = validate_ratio(self.ratio)
+        if self.match_ratio is not None:
+            self.match_ratio = validate_ratio(self.match_ratio, "match_ratio")
         self.bi_scores = validate_scores(self.bi_scores)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")

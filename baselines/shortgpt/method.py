@@ -23,6 +23,7 @@ from torch import nn
 
 from baselines.shortgpt.config import ShortGPTConfig, ShortGPTLoRAConfig
 from flexigpt.artifacts import empty_model
+from flexigpt.block_count import block_count
 from flexigpt.block_influence import lowest_blocks, scores_for
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import compression_ratio, count_parameters
@@ -34,32 +35,25 @@ log = logging.getLogger(__name__)
 def choose_k(model: nn.Module, scores: list[float], cfg: ShortGPTConfig) -> tuple[int, float]:
     """Block count for ``cfg`` and the parameter reduction that removing them achieves.
 
-    ``"paper"``: k = int(ratio · L). ``"matched"``: the k in [1, L) whose reduction,
-    ``1 − params(without the k lowest-BI blocks)/params(dense)`` counted with
-    ``count_parameters`` (embeddings and head included), is nearest to ``ratio``;
-    ties go to the smaller k.
+    The rule is :func:`flexigpt.block_count.block_count` (shared with FlexiGPT), with the
+    achieved ratio ``1 − params(without the k lowest-BI blocks)/params(dense)`` counted by
+    ``count_parameters`` (embeddings and head included); ``matched`` aims at
+    ``cfg.match_ratio`` when given, else at ``cfg.ratio``.
 
     Raises:
         ValueError: the policy gives k = 0 or k ≥ L (nothing or everything removed).
     """
     blocks = get_adapter(model).layers(model)
-    n_blocks = len(blocks)
     dense = count_parameters(model)
 
     def achieved(k: int) -> float:
         removed = sum(count_parameters(blocks[i]) for i in lowest_blocks(scores, k))
         return compression_ratio(dense - removed, dense)
 
-    if cfg.policy == "paper":
-        k = int(cfg.ratio * n_blocks)
-        if not 0 < k < n_blocks:
-            raise ValueError(f"ratio {cfg.ratio} with policy 'paper' removes int({cfg.ratio}·"
-                             f"{n_blocks}) = {k} of {n_blocks} blocks; need 0 < k < {n_blocks}")
-        return k, achieved(k)
-    if n_blocks < 2:
-        raise ValueError(f"ShortGPT needs at least 2 blocks, the model has {n_blocks}")
-    best = min(range(1, n_blocks), key=lambda k: (abs(achieved(k) - cfg.ratio), k))
-    return best, achieved(best)
+    target = cfg.match_ratio if cfg.match_ratio is not None else cfg.ratio
+    k = block_count(cfg.policy, target if cfg.policy == "matched" else cfg.ratio,
+                    len(blocks), achieved)
+    return k, achieved(k)
 
 
 def _linear_width(adapter: ArchAdapter, block: nn.Module) -> int:
@@ -104,7 +98,7 @@ def remove_blocks(model: nn.Module, calibration: Any, cfg: ShortGPTConfig
     log.info("ShortGPT removed %d of %d blocks %s (expected ratio %.4f)", k, len(blocks),
              removed, expected)
     info = {"block_influence": scores, "removed_blocks": removed, "k": k,
-            "policy": cfg.policy, "dense_blocks": len(blocks), "expected_ratio": expected,
+            "policy": cfg.policy, "match_ratio": cfg.match_ratio, "dense_blocks": len(blocks), "expected_ratio": expected,
             "seconds": round(time.perf_counter() - start, 3)}
     structure = {"removed_blocks": removed, "dense_blocks": len(blocks)}
     return (CompressionResult(model=model, structure=structure, info=info),

@@ -11,7 +11,7 @@ HELP = "recovery-train a saved model (FlexiGPT adapters, LoRA, or full) and save
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from flexigpt.training.config import BF16_MODES, RECIPES, SCHEDULES
+    from flexigpt.training.config import BF16_MODES, LOSSES, RECIPES, SCHEDULES
 
     p.add_argument("--model", required=True, help="saved model dir (any method) or HF checkpoint")
     p.add_argument("--out", required=True, help="output directory (checkpoints in <out>.ckpt)")
@@ -22,10 +22,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", choices=RECIPES,
                    help="trainable set (default: the manifest's, else the method's)")
     p.add_argument("--lr", type=float, help="peak LR (default: manifest, else per recipe)")
+    p.add_argument("--gamma-lr", type=float, help="peak LR of the output-norm gammas "
+                   "(default: --lr)")
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step")
     p.add_argument("--warmup", type=float, default=0.05, help="fraction (<1) or steps")
+    p.add_argument("--warmup-min-steps", type=int, default=3,
+                   help="warm-up floor in steps (capped at half the run)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=1.0, help="<= 0 disables clipping")
     p.add_argument("--schedule", choices=SCHEDULES, default="cosine")
@@ -43,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj")
     p.add_argument("--lora-other-blocks", action="store_true",
                    help="recipe flexigpt: also mergeable LoRA on unpruned blocks")
+    p.add_argument("--lora-budget", type=int,
+                   help="total trainable parameters to match: picks the LoRA rank")
+    p.add_argument("--loss", choices=LOSSES, default="lm",
+                   help="lm: next-token cross-entropy; kd: KL to --teacher")
+    p.add_argument("--kd-temperature", type=float, default=2.0)
+    p.add_argument("--teacher", help="dense teacher model (dir or hub id) for --loss kd")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = TrainConfig(
         tokens=args.tokens, seq_len=args.seq_len, micro_batch=args.micro_batch,
-        global_batch=args.global_batch, lr=args.lr,
+        global_batch=args.global_batch, lr=args.lr, gamma_lr=args.gamma_lr,
         warmup=int(args.warmup) if args.warmup >= 1 else args.warmup,
+        warmup_min_steps=args.warmup_min_steps,
         weight_decay=args.weight_decay,
         grad_clip=args.grad_clip if args.grad_clip > 0 else None, schedule=args.schedule,
         min_lr_ratio=args.min_lr_ratio, bf16=args.bf16, compile=args.compile,
@@ -60,9 +71,10 @@ def run(args: argparse.Namespace) -> int:
         keep_checkpoint=args.keep_checkpoint, seed=args.seed, recipe=args.recipe,
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
         lora_targets=tuple(args.lora_targets.split(",")) if args.lora_targets else None,
-        lora_other_blocks=args.lora_other_blocks)
+        lora_other_blocks=args.lora_other_blocks, lora_budget=args.lora_budget,
+        loss=args.loss, kd_temperature=args.kd_temperature)
     manifest = train_model(args.model, args.out, cfg, text=args.text,
-                           validation=args.validation or None)
+                           validation=args.validation or None, teacher=args.teacher)
     from accelerate import PartialState
 
     if not PartialState().is_main_process:

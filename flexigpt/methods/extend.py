@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from flexigpt.artifacts import empty_model
+from flexigpt.methods.sharing import adapter_trainable
 from flexigpt.methods.surgery import (OUTPUT_NORM_EPS, default_rank, init_standard_,
                                       matrix_ranks, repeat_shell, share_block, sharing_summary)
 from flexigpt.models.adapters import get_adapter
@@ -160,7 +161,7 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     info = {"layout": layout, "repeat_positions": repeats, "original_layers": n_blocks,
             "layers": len(layout), "pattern": cfg.pattern, "params": params,
             "timings": {"surgery": round(time.perf_counter() - t0, 3)},
-            "recovery": {"recipe": "flexigpt"}}
+            "recovery": {"recipe": "flexigpt", "trainable_params": adapter_trainable(model)}}
     log.info("extended %d -> %d blocks (+%.2f%% parameters)", n_blocks, len(layout),
              100 * params["overhead"])
     return CompressionResult(model=model, structure=structure, info=info)

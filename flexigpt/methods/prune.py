@@ -22,18 +22,19 @@ import torch
 from torch import nn
 
 from flexigpt.artifacts import empty_model
+from flexigpt.block_count import POLICIES, block_count
 from flexigpt.block_influence import lowest_blocks, scores_for, validate_scores
 from flexigpt.methods.base_selection import DISTANCES, select_bases
 from flexigpt.methods.surgery import (OUTPUT_NORM_EPS, adapter_numel, default_rank,
                                       init_standard_, init_svd_, linear_numel, matrix_ranks,
                                       prenorm_numel, share_block, sharing_summary)
+from flexigpt.methods.sharing import adapter_trainable
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.registry import CompressionResult, Method, validate_ratio
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("paper", "matched")
 SVD_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -53,10 +54,11 @@ class FlexiGPTConfig:
 
     Attributes:
         ratio: compression target in (0, 1).
-        policy: ``paper``: k = int(ratio·L) blocks (LLaMA-2 7B at 0.3 → 9, the paper's
-            +3.67% adapter overhead); ``matched``: the smallest k whose *net* parameter
-            reduction (adapters, γ's and kept pre-norms included, counted like
-            ``flexigpt.params.count_parameters``) reaches ``ratio``.
+        policy: the block count rule of :mod:`flexigpt.block_count`, shared with ShortGPT:
+            ``paper``: k = int(ratio·L) blocks (LLaMA-2 7B at 0.3 → 9, the paper's +3.67%
+            adapter overhead); ``matched``: the k whose *net* parameter reduction (adapters,
+            γ's and kept pre-norms included, counted like
+            ``flexigpt.params.count_parameters``) is nearest to ``ratio`` (ties: fewer).
         rank: LoRA rank of every replacement linear (clamped to min(out, in) per matrix);
             None → hidden/16 (the paper's 256/4096).
         distance: base-selection metric: ``lowrank`` (Eq. 2–5), ``full`` (no high-rank
@@ -67,9 +69,9 @@ class FlexiGPTConfig:
         output_norm: LayerNorm·γ on the attention and MLP outputs of replacement blocks
             (Eq. 6; Table 4 row 2 turns it off).
         gamma_init: initial value of every γ entry (paper: "a small value", unreported).
-            1e-3 was the best of {1e-3, 1e-2, 3e-2, 1e-1} on SmolLM2-135M at ratio 0.3
-            (wiki-validation PPL right after replacement, 64×512 windows: 132.5, 133.8,
-            137.4, 157.3; ShortGPT-style removal of the same blocks 132.3, dense 16.1).
+            1e-3 keeps a replacement block's start close to removing it (the start PPL of
+            ShortGPT-style removal); recovery training gives γ its own learning rate, chosen
+            on the tuning split (never on the perplexity test windows).
         prenorm: RMSNorm weights of replacement blocks: ``copy`` keeps the pruned block's
             own (2·d params each) or ``share`` reuses the base block's modules.
         svd_dtype: dtype of all SVDs (selection and initialisation).
@@ -134,29 +136,18 @@ def saving_per_block(model: nn.Module, ranks: dict[str, int], output_norm: bool,
 
 def blocks_to_prune(ratio: float, policy: str, n_blocks: int, dense_params: int,
                     net_per_block: int) -> int:
-    """Number of blocks k for ``ratio`` under ``policy`` (see :class:`FlexiGPTConfig`).
+    """Number of blocks k for ``ratio`` under ``policy`` (:func:`flexigpt.block_count.block_count`
+    with FlexiGPT's achieved ratio k·net/dense).
 
     Raises:
         ValueError: k would be 0, would prune every block, or ``ratio`` is unreachable.
     """
-    if policy == "paper":
-        k = int(ratio * n_blocks + 1e-9)  # guard 0.3·30 = 8.999… style float error
-        if k < 1:
-            raise ValueError(f"ratio {ratio} prunes no block of {n_blocks} under policy 'paper' "
-                             f"(k = int(ratio·L) = 0); use a larger ratio")
-        if k >= n_blocks:
-            raise ValueError(f"ratio {ratio} would prune every block ({k} of {n_blocks}); "
-                             "FlexiGPT needs at least one unpruned base block")
-        return k
-    if net_per_block <= 0:
+    if policy == "matched" and net_per_block <= 0:
         raise ValueError(f"a replacement block saves no parameters (net {net_per_block}); "
                          "lower the rank for policy 'matched'")
-    for k in range(1, n_blocks):
-        if k * net_per_block / dense_params >= ratio - 1e-12:
-            return k
-    best = (n_blocks - 1) * net_per_block / dense_params
-    raise ValueError(f"ratio {ratio} is unreachable under policy 'matched': replacing "
-                     f"{n_blocks - 1} of {n_blocks} blocks saves only {best:.4f}")
+    if n_blocks < 2:
+        raise ValueError(f"FlexiGPT needs at least 2 blocks, the model has {n_blocks}")
+    return block_count(policy, ratio, n_blocks, lambda k: k * net_per_block / dense_params)
 
 
 def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
@@ -220,7 +211,7 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
             "predicted_ratio": k * saving["net"] / dense, "params": params,
             "svd_init_residual": residuals,
             "timings": {key: round(v, 3) for key, v in timings.items()},
-            "recovery": {"recipe": "flexigpt"}}
+            "recovery": {"recipe": "flexigpt", "trainable_params": adapter_trainable(model)}}
     return CompressionResult(model=model, structure=structure, info=info)
 
 

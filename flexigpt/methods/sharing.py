@@ -172,3 +172,20 @@ class OutputNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d={self.gamma.shape[0]}, eps={self.eps}"
+
+
+#: Parameter names (last path component) of the replacement/repeat adapters: what the
+#: ``flexigpt`` recovery recipe trains.
+ADAPTER_PARAMS = ("lora_A", "lora_B", "gamma")
+
+
+def adapter_trainable(model: nn.Module) -> int:
+    """Parameters named :data:`ADAPTER_PARAMS` (shared storage once): the ``flexigpt``
+    recipe's trainable count, the budget a like-for-like baseline is matched to."""
+    seen: set[int] = set()
+    total = 0
+    for name, p in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in ADAPTER_PARAMS and id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total

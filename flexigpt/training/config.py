@@ -6,7 +6,7 @@ that produced it) or from the method's registered default recipe, and records wh
 value came from.
 
 Keys read from ``manifest["info"]["recovery"]`` (all optional; baselines write them):
-``recipe``, ``lr``, ``lora_rank`` (or ``rank``), ``lora_alpha`` (or ``alpha``),
+``recipe``, ``lr``, ``gamma_lr``, ``lora_rank`` (or ``rank``), ``lora_alpha`` (or ``alpha``),
 ``lora_dropout`` (or ``dropout``), ``lora_targets`` (or ``targets``).
 """
 
@@ -30,6 +30,7 @@ DEFAULT_LORA_RANK = 8
 DEFAULT_LORA_ALPHA = 16.0
 BF16_MODES = ("auto", "on", "off")
 SCHEDULES = ("cosine", "constant")
+LOSSES = ("lm", "kd")
 
 
 @dataclass
@@ -43,7 +44,12 @@ class TrainConfig:
         global_batch: windows per optimizer step over all processes; must be a multiple of
             micro_batch × processes (the quotient is the gradient-accumulation count).
         lr: peak learning rate; None → manifest ``info.recovery.lr`` → :data:`DEFAULT_LR`.
+        gamma_lr: peak learning rate of the output-norm γ's (their own parameter group:
+            γ starts near 0 and Adam moves it by about the LR per step, so at the adapters'
+            LR a short recovery cannot open the replacement blocks); None → ``lr``.
         warmup: linear warm-up, a fraction of the steps if < 1 else a step count.
+        warmup_min_steps: floor of the warm-up in steps (capped at half the steps), so a
+            short run does not take its first step at the peak LR.
         weight_decay: AdamW decoupled weight decay (applied to ≥2-D tensors only).
         grad_clip: max global gradient L2 norm; None disables clipping.
         schedule: ``cosine`` (warm-up then cosine to ``min_lr_ratio·lr``) or ``constant``.
@@ -67,6 +73,13 @@ class TrainConfig:
             adapter names. None values fall back to the manifest, then to defaults.
         lora_other_blocks: recipe ``flexigpt`` only: also put mergeable LoRA on the
             unshared linears of blocks that have no replacement adapters.
+        lora_budget: total trainable parameters to match (a like-for-like comparison): the
+            mergeable LoRA rank is chosen so that the trainable count (FlexiGPT adapters
+            included) is nearest to it, α scaled to keep α/r; None → ``lora_rank``.
+        loss: ``lm`` (next-token cross-entropy, the paper's) or ``kd`` (KL divergence to a
+            dense teacher's next-token distribution at ``kd_temperature``, scaled by T²,
+            on the same tokens; the teacher is passed to :func:`train_model`).
+        kd_temperature: softmax temperature T of the ``kd`` loss.
     """
 
     tokens: int = 1_000_000
@@ -74,7 +87,9 @@ class TrainConfig:
     micro_batch: int = 4
     global_batch: int = 16
     lr: float | None = None
+    gamma_lr: float | None = None
     warmup: float = 0.05
+    warmup_min_steps: int = 3
     weight_decay: float = 0.0
     grad_clip: float | None = 1.0
     schedule: str = "cosine"
@@ -93,6 +108,9 @@ class TrainConfig:
     lora_dropout: float | None = None
     lora_targets: tuple[str, ...] | None = None
     lora_other_blocks: bool = False
+    lora_budget: int | None = None
+    loss: str = "lm"
+    kd_temperature: float = 2.0
 
     def __post_init__(self) -> None:
         def positive_int(name: str, minimum: int = 1) -> None:
@@ -107,6 +125,15 @@ class TrainConfig:
         positive_int("eval_every", 0)
         positive_int("checkpoint_every", 0)
         positive_int("seed", 0)
+        positive_int("warmup_min_steps", 0)
+        if self.lora_budget is not None:
+            positive_int("lora_budget")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if not (_finite(self.kd_temperature) and self.kd_temperature > 0):
+            raise ValueError(f"kd_temperature must be positive, got {self.kd_temperature!r}")
+        if self.gamma_lr is not None and not (_finite(self.gamma_lr) and self.gamma_lr > 0):
+            raise ValueError(f"gamma_lr must be a positive number, got {self.gamma_lr!r}")
         if self.global_batch % self.micro_batch:
             raise ValueError(f"global_batch ({self.global_batch}) must be a multiple of "
                              f"micro_batch ({self.micro_batch})")
@@ -152,7 +179,10 @@ class TrainConfig:
         return math.ceil(self.tokens / (self.global_batch * self.seq_len))
 
     def warmup_steps(self, steps: int) -> int:
-        return round(self.warmup * steps) if self.warmup < 1 else int(self.warmup)
+        """Warm-up steps: the configured fraction or count, at least ``warmup_min_steps``,
+        at most half the run."""
+        warm = round(self.warmup * steps) if self.warmup < 1 else int(self.warmup)
+        return min(max(warm, self.warmup_min_steps), steps // 2)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -169,11 +199,13 @@ class TrainPlan:
 
     recipe: str
     lr: float
+    gamma_lr: float
     lora_rank: int
     lora_alpha: float
     lora_dropout: float
     lora_targets: tuple[str, ...] | None
     lora_other_blocks: bool
+    lora_budget: int | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -216,6 +248,7 @@ def resolve_plan(cfg: TrainConfig, manifest: dict[str, Any]) -> TrainPlan:
     if cfg.lora_other_blocks and recipe != "flexigpt":
         raise ValueError(f"lora_other_blocks applies to recipe 'flexigpt' only, not {recipe!r}")
     lr = float(pick("lr", cfg.lr, ("lr",), DEFAULT_LR[recipe]))
+    gamma_lr = float(pick("gamma_lr", cfg.gamma_lr, ("gamma_lr",), lr))
     rank = int(pick("lora_rank", cfg.lora_rank, ("lora_rank", "rank"), DEFAULT_LORA_RANK))
     alpha = float(pick("lora_alpha", cfg.lora_alpha, ("lora_alpha", "alpha"),
                        DEFAULT_LORA_ALPHA))
@@ -226,10 +259,16 @@ def resolve_plan(cfg: TrainConfig, manifest: dict[str, Any]) -> TrainPlan:
                          f"dropout={dropout} (sources {sources})")
     if recipe != "none" and lr <= 0:
         raise ValueError(f"recipe {recipe!r} needs a positive lr, got {lr}")
-    return TrainPlan(recipe=recipe, lr=lr, lora_rank=rank, lora_alpha=alpha,
+    if cfg.lora_budget is not None and recipe not in ("lora", "flexigpt"):
+        raise ValueError(f"lora_budget applies to recipes 'lora' and 'flexigpt', not {recipe!r}")
+    if cfg.lora_budget is not None and recipe == "flexigpt" and not cfg.lora_other_blocks:
+        raise ValueError("lora_budget with recipe 'flexigpt' needs lora_other_blocks (the "
+                         "replacement adapters alone have a fixed size)")
+    return TrainPlan(recipe=recipe, lr=lr, gamma_lr=gamma_lr, lora_rank=rank, lora_alpha=alpha,
                      lora_dropout=dropout,
                      lora_targets=None if targets is None else tuple(targets),
-                     lora_other_blocks=cfg.lora_other_blocks, sources=sources)
+                     lora_other_blocks=cfg.lora_other_blocks, lora_budget=cfg.lora_budget,
+                     sources=sources)
 
 
 def _finite(value: Any) -> bool:

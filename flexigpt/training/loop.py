@@ -77,25 +77,101 @@ def lr_factor(cfg: TrainConfig, steps: int) -> Callable[[int], float]:
     return factor
 
 
+#: Rows of the logits processed at once by :class:`NextTokenCrossEntropy` (bounds the fp32
+#: temporaries to CHUNK_ROWS × V instead of B·T × V).
+CHUNK_ROWS = 256
+
+
+class NextTokenCrossEntropy(torch.autograd.Function):
+    """Mean next-token cross-entropy of ``logits [B, T, V]`` (any float dtype) against
+    ``ids [B, T]``, computed in fp32 a few rows at a time.
+
+    Equal to ``F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())``
+    (and its gradient), without the fp32 copy of the logits, the saved fp32 log-softmax and
+    the zero-padded slice gradient: the forward keeps only the per-row log-sum-exp, the
+    backward writes ``(softmax − onehot)/N`` straight into a gradient of the logits' dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        b, t, v = logits.shape
+        flat = logits.view(b * t, v)
+        rows = torch.arange(b * t, device=logits.device).view(b, t)[:, :-1].reshape(-1)
+        targets = ids[:, 1:].reshape(-1)
+        lse = torch.empty(rows.numel(), dtype=torch.float32, device=logits.device)
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for start in range(0, rows.numel(), CHUNK_ROWS):
+            sl = slice(start, start + CHUNK_ROWS)
+            chunk = flat[rows[sl]].float()
+            lse[sl] = torch.logsumexp(chunk, dim=-1)
+            total += (lse[sl] - chunk.gather(1, targets[sl, None]).squeeze(1)).sum()
+        ctx.save_for_backward(logits, rows, targets, lse)
+        return total / rows.numel()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102
+        logits, rows, targets, lse = ctx.saved_tensors
+        b, t, v = logits.shape
+        out = torch.empty_like(logits)
+        out[:, -1].zero_()
+        flat_out, flat = out.view(b * t, v), logits.view(b * t, v)
+        scale = grad.float() / rows.numel()
+        for start in range(0, rows.numel(), CHUNK_ROWS):
+            sl = slice(start, start + CHUNK_ROWS)
+            probs = torch.exp(flat[rows[sl]].float() - lse[sl, None])
+            probs.scatter_add_(1, targets[sl, None], torch.full_like(lse[sl, None], -1.0))
+            flat_out[rows[sl]] = (probs * scale).to(out.dtype)
+        return out, None
+
+
 def causal_lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (fp32) of ``logits [B, T, V]`` against ``ids [B, T]``."""
-    pred = logits[:, :-1].float()
-    return F.cross_entropy(pred.reshape(-1, pred.shape[-1]), ids[:, 1:].reshape(-1))
+    """Mean next-token cross-entropy (fp32) of ``logits [B, T, V]`` against ``ids [B, T]``
+    (:class:`NextTokenCrossEntropy`)."""
+    return NextTokenCrossEntropy.apply(logits, ids)
+
+
+def kd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor,
+            temperature: float) -> torch.Tensor:
+    """T² · mean over predicted positions of KL(teacher ‖ student) at temperature T.
+
+    ``logits``/``teacher_logits``: ``[B, T, V]``; the positions are those of
+    :func:`causal_lm_loss` (every one but the last), computed in fp32. Zero iff the two
+    next-token distributions agree.
+    """
+    student = F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    teacher = F.log_softmax(teacher_logits[:, :-1].float() / temperature, dim=-1)
+    kl = F.kl_div(student.reshape(-1, student.shape[-1]), teacher.reshape(-1, teacher.shape[-1]),
+                  log_target=True, reduction="batchmean")
+    return kl * temperature**2
+
+
+def param_groups(model: nn.Module, cfg: TrainConfig, plan: TrainPlan) -> list[dict]:
+    """AdamW groups: ≥2-D tensors with weight decay; 1-D without; the output-norm γ's
+    (parameters named ``gamma``) in their own group at ``plan.gamma_lr``."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    gammas = [p for n, p in named if n.rsplit(".", 1)[-1] == "gamma"]
+    ids = {id(p) for p in gammas}
+    decay = [p for _, p in named if p.ndim >= 2 and id(p) not in ids]
+    rest = [p for _, p in named if p.ndim < 2 and id(p) not in ids]
+    groups = ({"params": decay, "weight_decay": cfg.weight_decay, "name": "decay"},
+              {"params": rest, "weight_decay": 0.0, "name": "no_decay"},
+              {"params": gammas, "weight_decay": 0.0, "lr": plan.gamma_lr, "name": "gamma"})
+    return [g for g in groups if g["params"]]
 
 
 def _optimizer(model: nn.Module, cfg: TrainConfig, plan: TrainPlan) -> torch.optim.AdamW:
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trainable if p.ndim >= 2]
-    rest = [p for p in trainable if p.ndim < 2]
-    groups = [g for g in ({"params": decay, "weight_decay": cfg.weight_decay},
-                          {"params": rest, "weight_decay": 0.0}) if g["params"]]
-    return torch.optim.AdamW(groups, lr=plan.lr, betas=cfg.betas, eps=1e-8)
+    return torch.optim.AdamW(param_groups(model, cfg, plan), lr=plan.lr, betas=cfg.betas,
+                             eps=1e-8)
 
 
 def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor | None,
              cfg: TrainConfig, plan: TrainPlan, ckpt: Path, digest: str,
-             on_step: StepHook | None = None) -> LoopResult:
+             on_step: StepHook | None = None, teacher: nn.Module | None = None) -> LoopResult:
     """Train ``model``'s trainable parameters in place for ``cfg.steps()`` steps.
+
+    With ``cfg.loss == "kd"`` the loss is :func:`kd_loss` against ``teacher`` (a frozen
+    model with the same tokenizer, run on the same windows; its forward counts in the step
+    time).
 
     Resumes from ``ckpt`` when it holds a checkpoint with the same ``digest``. The model is
     returned unwrapped (``result`` carries the log); it is left in eval mode.
@@ -121,6 +197,10 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
     steps = cfg.steps()
     use_bf16 = bf16_enabled(cfg.bf16, accelerator.device)
     model.to(accelerator.device)
+    if cfg.loss == "kd":
+        if teacher is None:
+            raise ValueError("loss 'kd' needs a teacher model")
+        teacher.to(accelerator.device).eval().requires_grad_(False)
     optimizer = _optimizer(model, cfg, plan)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps))
     state = load_checkpoint(ckpt, model, optimizer, scheduler, digest) or TrainState()
@@ -158,7 +238,12 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
             with sync:
                 with autocast:
                     logits = model(input_ids=ids, use_cache=False).logits
-                loss = causal_lm_loss(logits, ids)
+                if cfg.loss == "kd":
+                    with torch.no_grad(), autocast:
+                        target = teacher(input_ids=ids, use_cache=False).logits
+                    loss = kd_loss(logits, target, cfg.kd_temperature)
+                else:
+                    loss = causal_lm_loss(logits, ids)
                 accelerator.backward(loss / accum)
             total += loss.detach()
         mean_loss = float(accelerator.reduce(total / accum, reduction="mean"))

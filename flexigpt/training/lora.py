@@ -69,9 +69,9 @@ def shared_weight_counts(model: nn.Module) -> Counter[int]:
     return counts
 
 
-def inject_lora(model: nn.Module, blocks: list[tuple[str, nn.Module]], targets: tuple[str, ...],
-                rank: int, alpha: float, dropout: float) -> tuple[list[str], list[str]]:
-    """Wrap the target linears of ``blocks`` with :class:`RecoveryLoRALinear`.
+def lora_candidates(model: nn.Module, blocks: list[tuple[str, nn.Module]],
+                    targets: tuple[str, ...]) -> tuple[list[tuple[str, nn.Linear]], list[str]]:
+    """The linears :func:`inject_lora` would wrap, without wrapping them.
 
     Args:
         model: the whole model (used to detect weights shared between modules).
@@ -79,11 +79,12 @@ def inject_lora(model: nn.Module, blocks: list[tuple[str, nn.Module]], targets: 
         targets: short module names (last path component) to wrap.
 
     Returns:
-        ``(injected, skipped_shared)`` dotted module names. Modules inside an existing
-        wrapper (e.g. a ``SharedLoRALinear``'s ``base_layer``) are skipped silently.
+        ``([(dotted name, linear)], skipped_shared)``. Modules inside an existing wrapper
+        (e.g. a ``SharedLoRALinear``'s ``base_layer``) are left out silently; linears whose
+        weight serves another module too are listed in ``skipped_shared``.
     """
     counts = shared_weight_counts(model)
-    injected: list[str] = []
+    found: list[tuple[str, nn.Linear]] = []
     skipped: list[str] = []
     for prefix, block in blocks:
         wrapped_prefixes = [n for n, m in block.named_modules() if n and is_wrapper(m)]
@@ -95,12 +96,41 @@ def inject_lora(model: nn.Module, blocks: list[tuple[str, nn.Module]], targets: 
             full = f"{prefix}.{name}"
             if counts[module.weight.data_ptr()] > 1:
                 skipped.append(full)
-                continue
-            parent_name, _, child = name.rpartition(".")
-            parent = block.get_submodule(parent_name) if parent_name else block
-            setattr(parent, child, RecoveryLoRALinear(module, rank, alpha, dropout))
-            injected.append(full)
-    return injected, skipped
+            else:
+                found.append((full, module))
+    return found, skipped
+
+
+def lora_params_per_rank(candidates: list[tuple[str, nn.Linear]]) -> int:
+    """Σ (in + out) over the candidates: trainable LoRA parameters per unit of rank."""
+    return sum(lin.in_features + lin.out_features for _, lin in candidates)
+
+
+def rank_for_budget(budget: int, fixed: int, per_rank: int) -> int:
+    """The rank r ≥ 1 whose ``fixed + r · per_rank`` is nearest to ``budget`` (ties: smaller).
+
+    Raises:
+        ValueError: nothing to put LoRA on, or ``fixed`` alone already exceeds ``budget``.
+    """
+    if per_rank <= 0:
+        raise ValueError("no linear can take a mergeable LoRA, so no rank meets the budget")
+    if fixed >= budget:
+        raise ValueError(f"the fixed trainable parameters ({fixed:,}) already reach the "
+                         f"budget ({budget:,}): no room for LoRA")
+    low = max(1, (budget - fixed) // per_rank)
+    return min((low, low + 1), key=lambda r: (abs(fixed + r * per_rank - budget), r))
+
+
+def inject_lora(model: nn.Module, blocks: list[tuple[str, nn.Module]], targets: tuple[str, ...],
+                rank: int, alpha: float, dropout: float) -> tuple[list[str], list[str]]:
+    """Wrap the target linears of ``blocks`` (:func:`lora_candidates`) with
+    :class:`RecoveryLoRALinear`; returns ``(injected, skipped_shared)`` dotted names."""
+    found, skipped = lora_candidates(model, blocks, targets)
+    for full, module in found:
+        parent_name, _, child = full.rpartition(".")
+        setattr(model.get_submodule(parent_name), child,
+                RecoveryLoRALinear(module, rank, alpha, dropout))
+    return [full for full, _ in found], skipped
 
 
 def merge_lora(model: nn.Module) -> int:

@@ -19,15 +19,19 @@ from typing import Any
 
 from torch import nn
 
+from flexigpt.methods.sharing import ADAPTER_PARAMS, adapter_trainable
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.training.config import TrainPlan
-from flexigpt.training.lora import inject_lora
+from flexigpt.training.lora import (inject_lora, lora_candidates, lora_params_per_rank,
+                                    rank_for_budget)
 
 log = logging.getLogger(__name__)
 
 #: Parameter names (last path component) trained by the ``flexigpt`` recipe.
-FLEXIGPT_PARAMS = ("lora_A", "lora_B", "gamma")
+FLEXIGPT_PARAMS = ADAPTER_PARAMS
+#: A matched trainable budget further off than this (relative) is logged as a warning.
+BUDGET_TOLERANCE = 0.02
 
 
 @dataclass
@@ -40,6 +44,9 @@ class RecipeReport:
     frozen_parameters: int
     lora_injected: list[str] = field(default_factory=list)
     lora_skipped_shared: list[str] = field(default_factory=list)
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    budget: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -66,12 +73,29 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
     targets = plan.lora_targets or tuple(dict.fromkeys(adapter.attn_linears
                                                        + adapter.mlp_linears))
     blocks = [(f"{adapter.layers_path}.{i}", b) for i, b in enumerate(adapter.layers(model))]
+    own = [n for n, _ in model.named_parameters() if _leaf(n) in FLEXIGPT_PARAMS]
+    lora_blocks = blocks
+    if plan.recipe == "flexigpt":
+        lora_blocks = [(p, b) for p, b in blocks
+                       if not any(_leaf(n) in FLEXIGPT_PARAMS for n, _ in b.named_parameters())]
+    rank, alpha, budget = plan.lora_rank, plan.lora_alpha, None
+    if plan.lora_budget is not None:
+        fixed = adapter_trainable(model) if plan.recipe == "flexigpt" else 0
+        per_rank = lora_params_per_rank(lora_candidates(model, lora_blocks, targets)[0])
+        rank = rank_for_budget(plan.lora_budget, fixed, per_rank)
+        alpha = plan.lora_alpha * rank / plan.lora_rank  # keep the LoRA scaling α/r
+        achieved = fixed + rank * per_rank
+        budget = {"target": plan.lora_budget, "achieved": achieved, "rank": rank,
+                  "rel_error": round((achieved - plan.lora_budget) / plan.lora_budget, 6)}
+        if abs(budget["rel_error"]) > BUDGET_TOLERANCE:
+            log.warning("trainable budget %d met only to %.2f%% (%d at rank %d)",
+                        plan.lora_budget, 100 * budget["rel_error"], achieved, rank)
 
     if plan.recipe == "full":
         model.requires_grad_(True)
     elif plan.recipe == "lora":
-        injected, skipped = inject_lora(model, blocks, targets, plan.lora_rank,
-                                        plan.lora_alpha, plan.lora_dropout)
+        injected, skipped = inject_lora(model, lora_blocks, targets, rank, alpha,
+                                        plan.lora_dropout)
         if not injected:
             raise ValueError(f"recipe 'lora' found no unshared nn.Linear named {targets} in "
                              "the decoder blocks")
@@ -79,15 +103,12 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
             for p in model.get_submodule(name).parameters(recurse=False):
                 p.requires_grad_(True)
     elif plan.recipe == "flexigpt":
-        own = [n for n, _ in model.named_parameters() if _leaf(n) in FLEXIGPT_PARAMS]
         if not own:
             raise ValueError("recipe 'flexigpt' found no parameters named "
                              f"{FLEXIGPT_PARAMS} (no replacement/repeat blocks in this model)")
         if plan.lora_other_blocks:
-            others = [(p, b) for p, b in blocks
-                      if not any(_leaf(n) in FLEXIGPT_PARAMS for n, _ in b.named_parameters())]
-            injected, skipped = inject_lora(model, others, targets, plan.lora_rank,
-                                            plan.lora_alpha, plan.lora_dropout)
+            injected, skipped = inject_lora(model, lora_blocks, targets, rank, alpha,
+                                            plan.lora_dropout)
         for name, p in model.named_parameters():
             if _leaf(name) in FLEXIGPT_PARAMS:
                 p.requires_grad_(True)
@@ -102,7 +123,12 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
         recipe=plan.recipe, trainable_parameters=trainable,
         trainable_tensors=sum(1 for p in model.parameters() if p.requires_grad),
         frozen_parameters=count_parameters(model) - trainable,
-        lora_injected=injected, lora_skipped_shared=skipped)
+        lora_injected=injected, lora_skipped_shared=skipped,
+        lora_rank=rank if injected else None, lora_alpha=alpha if injected else None,
+        budget=budget)
+    if budget is not None and budget["achieved"] != trainable:
+        raise RuntimeError(f"budget arithmetic predicted {budget['achieved']:,} trainable "
+                           f"parameters, the model has {trainable:,}")
     log.info("recipe %s: %s trainable / %s frozen parameters, %d LoRA module(s) injected",
              plan.recipe, f"{trainable:,}", f"{report.frozen_parameters:,}", len(injected))
     return report

@@ -36,9 +36,14 @@ CURVE_FILE = "loss_curve.png"
 
 def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainConfig,
                 text: str | os.PathLike, validation: str | os.PathLike | None = None,
-                on_step: StepHook | None = None) -> dict[str, Any]:
+                on_step: StepHook | None = None,
+                teacher: str | os.PathLike | None = None) -> dict[str, Any]:
     """Load ``model_dir`` (any method's output, or a plain HF checkpoint = method ``dense``),
     train it per ``cfg`` on ``text`` and save it to ``out_dir``.
+
+    ``validation`` is the held-out text of the training curve and the final ``final_ppl``
+    (the DAG passes the tuning split, never the perplexity test text); ``teacher`` the
+    dense model (dir or hub id) of ``cfg.loss == "kd"``.
 
     Returns:
         The manifest written to ``out_dir/manifest.json`` (input manifest + a ``history``
@@ -47,13 +52,20 @@ def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: T
     loaded = load_compressed(model_dir)
     source = {"model": str(Path(model_dir).resolve()),
               "manifest_hash": manifest_hash(loaded.manifest) if loaded.manifest else None}
-    return train_loaded(loaded, out_dir, cfg, text, validation, source, on_step)
+    teacher_model = None
+    if cfg.loss == "kd":
+        if teacher is None:
+            raise ValueError("loss 'kd' needs a teacher model (train_model(teacher=...))")
+        teacher_model = load_compressed(teacher).model
+        source["teacher"] = str(teacher)
+    return train_loaded(loaded, out_dir, cfg, text, validation, source, on_step, teacher_model)
 
 
 def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConfig,
                  text: str | os.PathLike, validation: str | os.PathLike | None = None,
                  source: dict[str, Any] | None = None,
-                 on_step: StepHook | None = None) -> dict[str, Any]:
+                 on_step: StepHook | None = None,
+                 teacher: torch.nn.Module | None = None) -> dict[str, Any]:
     """:func:`train_model` for a model already in memory (trained in place).
 
     ``source`` identifies the input model in the resume fingerprint; a checkpoint in
@@ -82,7 +94,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     if plan.recipe == "none":
         state = TrainState(log=[{"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": None}])
     else:
-        result = run_loop(model, stream, val, cfg, plan, ckpt, digest, on_step)
+        result = run_loop(model, stream, val, cfg, plan, ckpt, digest, on_step, teacher)
         state = result.state
     model.eval()
     merged = merge_lora(model)
@@ -95,6 +107,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     tokens = state.position * cfg.seq_len
     entry = {
         "stage": "train", "recipe": plan.recipe, "plan": plan.to_dict(), "config": cfg.to_dict(),
+        "loss": cfg.loss, "teacher": (source or {}).get("teacher"),
         "trainable": report.to_dict(), "lora_merged": merged,
         "parameters_after": count_parameters(model),
         "text": str(text), "validation": None if validation is None else str(validation),

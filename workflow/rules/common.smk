@@ -20,6 +20,7 @@ wildcard_constraints:
     variant="[a-z0-9_]+",
     setting=r"r0\.[0-9]+|full|L[0-9]+",
     stage="start|final",
+    trial="t[0-9]+",
 
 
 def model_input(wildcards):
@@ -38,6 +39,8 @@ def compress_inputs(wildcards):
         inputs["text"] = GRID.calibration_text
     if run.uses_block_influence:
         inputs["bi"] = f"results/{wildcards.model}/block_influence.json"
+    if run.match is not None:  # like-for-like: the achieved ratio of the model it is matched to
+        inputs["match"] = GRID.runs[run.match].compressed_dir
     return inputs
 
 
@@ -46,19 +49,16 @@ def compress_params(wildcards):
 
 
 def final_model_dir(wildcards):
-    run = run_of(wildcards)
-    kind = "trained" if run.recovery else "compressed"
-    return f"results/{wildcards.model}/{wildcards.method}/{wildcards.variant}/{wildcards.setting}/{kind}"
+    return run_of(wildcards).final_dir()
 
 
 def eval_model_dir(wildcards):
-    if wildcards.stage == "start":
-        return f"results/{wildcards.model}/{wildcards.method}/{wildcards.variant}/{wildcards.setting}/compressed"
-    return final_model_dir(wildcards)
+    run = run_of(wildcards)
+    return run.compressed_dir if wildcards.stage == "start" else run.final_dir()
 
 
 def eval_inputs(wildcards):
-    inputs = {"model": eval_model_dir(wildcards), "ppl_text": GRID.validation_text}
+    inputs = {"model": eval_model_dir(wildcards), "ppl_text": GRID.test_text}
     if wildcards.stage == "final" and GRID.task_source == "local":
         inputs["benchmarks"] = GRID.benchmarks
     return inputs
@@ -68,10 +68,41 @@ def eval_params(wildcards):
     return GRID.eval_params(run_of(wildcards), wildcards.stage)
 
 
-def train_params(wildcards):
-    return GRID.train_params(run_of(wildcards))
+def trial_inputs(wildcards):
+    """A tuning trial trains the run's compressed model; the budget, learning rates and
+    teacher of a like-for-like run come from the runs it names."""
+    run = run_of(wildcards)
+    inputs = {"model": run.compressed_dir, "text": GRID.train_text, "tune": GRID.tune_text}
+    if run.budget is not None:
+        inputs["budget"] = GRID.runs[run.budget].compressed_dir
+    if run.lr_from is not None:
+        inputs["lr_from"] = GRID.runs[run.lr_from].trained_dir
+    if run.loss == "kd":  # the dense teacher, as a file input when it is local
+        inputs.update({"teacher": path for path in
+                       GRID.local_model_inputs(wildcards.model).values()})
+    return inputs
+
+
+def trial_params(wildcards):
+    return GRID.train_params(run_of(wildcards), wildcards.trial)
+
+
+def trial_teacher(wildcards):
+    run = run_of(wildcards)
+    return GRID.model_path(wildcards.model) if run.loss == "kd" else None
+
+
+def select_inputs(wildcards):
+    run = run_of(wildcards)
+    return {"trials": [GRID.trial_dir(run, t) for t in GRID.trial_ids(run)]}
+
+
+def select_meta(wildcards):
+    run = run_of(wildcards)
+    return {"run": run.name, "tune_text": GRID.tune_text,
+            "tune_windows": GRID.train_params(run).get("eval_windows"),
+            "grid": GRID.trials(run)}
 
 
 def inference_inputs(wildcards):
-    return {name: final_model_dir(run.wildcards_ns())
-            for name, run in GRID.inference_runs(wildcards.model).items()}
+    return {name: run.final_dir() for name, run in GRID.inference_runs(wildcards.model).items()}

@@ -75,9 +75,26 @@ rule block_influence:
         "../scripts/block_influence.py"
 
 
+rule split_heldout:
+    input:
+        text=GRID.validation_text,
+    output:
+        tune=GRID.tune_text,
+        test=GRID.test_text,
+    log:
+        "logs/resources/split_heldout.log",
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/split_text.py"
+
+
 rule fetch_hub_text:
     output:
         "resources/text/{name}/{split}.txt",
+    wildcard_constraints:
+        name="[A-Za-z0-9_-]+",
+        split="[A-Za-z0-9_-]+",
     params:
         source=lambda wildcards: GRID.hub_text_source(wildcards.name, wildcards.split),
     log:

@@ -1,20 +1,22 @@
-# Recovery / continued training with the one shared trainer (resumes from its checkpoint).
+# Recovery training with the one shared trainer: one trial per point of the recipe's tuning
+# grid (each resumes from its checkpoint), then the trial with the lowest tuning-split
+# perplexity becomes the run's trained model.
 
 
-rule train:
+rule train_trial:
     input:
-        model="results/{model}/{method}/{variant}/{setting}/compressed",
-        text=GRID.train_text,
-        validation=GRID.validation_text,
+        unpack(trial_inputs),
     output:
-        model=directory("results/{model}/{method}/{variant}/{setting}/trained"),
+        model=temp(directory("results/{model}/{method}/{variant}/{setting}/sweep/{trial}/trained")),
     params:
-        train=train_params,
+        train=trial_params,
+        trial=lambda wildcards: GRID.trial_info(run_of(wildcards), wildcards.trial),
+        teacher=trial_teacher,
         code=CODE_VERSION,
     log:
-        "logs/{model}/{method}/{variant}/{setting}/train.log",
+        "logs/{model}/{method}/{variant}/{setting}/train_{trial}.log",
     benchmark:
-        "benchmarks/{model}/{method}/{variant}/{setting}/train.tsv"
+        "benchmarks/{model}/{method}/{variant}/{setting}/train_{trial}.tsv"
     threads: JOB_THREADS
     resources:
         mem_mb=12000,
@@ -23,3 +25,19 @@ rule train:
         "../../environment.yml"
     script:
         "../scripts/train.py"
+
+
+rule select_trial:
+    input:
+        unpack(select_inputs),
+    output:
+        model=directory("results/{model}/{method}/{variant}/{setting}/trained"),
+    params:
+        meta=select_meta,
+        code=CODE_VERSION,
+    log:
+        "logs/{model}/{method}/{variant}/{setting}/select.log",
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/select_trial.py"

@@ -1,4 +1,5 @@
-"""Compress (or extend) {model} with {method}; precomputed Block Influence is passed in."""
+"""Compress (or extend) {model} with {method}; precomputed Block Influence is passed in, and
+a like-for-like baseline gets the achieved ratio of the model it is matched to."""
 
 import json
 
@@ -6,12 +7,18 @@ from flexigpt.api import compress
 from flexigpt.registry import get_method
 from flexigpt.workflow import script_logging
 
-script_logging(snakemake.log[0], snakemake.threads)
+log = script_logging(snakemake.log[0], snakemake.threads)
 run = snakemake.params.run
 options = dict(run["options"])
-if "bi" in snakemake.input.keys() and get_method(run["method"]).accepts("bi_scores"):
+method = get_method(run["method"])
+if "bi" in snakemake.input.keys() and method.accepts("bi_scores"):
     with open(snakemake.input.bi) as fh:
         options["bi_scores"] = json.load(fh)["block_influence"]
+if "match" in snakemake.input.keys():
+    with open(f"{snakemake.input.match}/manifest.json") as fh:
+        options["match_ratio"] = json.load(fh)["parameters"]["achieved_ratio"]
+    log.info("matching the achieved ratio %.6f of %s", options["match_ratio"],
+             snakemake.input.match)
 compress(run["method"], snakemake.params.model, snakemake.output.model, options=options,
          calibration=snakemake.input.get("text"), n_calibration=run["n_calibration"],
          calibration_seq_len=run["seq_len"], seed=run["seed"], dtype=run["dtype"])
