@@ -152,6 +152,7 @@ def _ref(spec: str, model: str, variant: str, setting: str) -> Key:
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """A variant block: the method block's settings, overridden key by key."""
     out = {key: over.get(key, base.get(key)) for key in ("recovery", "match", "budget")}
+    out["lr_from"] = over.get("lr_from")  # a variant may reuse another run's chosen LRs
     out["options"] = {**(base.get("options") or {}), **(over.get("options") or {})}
     out["training"] = {**(base.get("training") or {}), **(over.get("training") or {})}
     return out
@@ -218,7 +219,9 @@ class RunGrid:
                        if block.get("match") else None,
                        budget=_ref(block["budget"], key, ref_variant, setting)
                        if block.get("budget") else None,
-                       table=table, protocol=protocol, **extra, **common)
+                       table=table, protocol=protocol,
+                       **{"lr_from": _ref(block["lr_from"], key, ref_variant, setting)
+                          if block.get("lr_from") else None, **extra}, **common)
 
         methods = config["methods"]
         blocks: dict[tuple[str, str], dict[str, Any]] = {}
@@ -234,13 +237,15 @@ class RunGrid:
             for ratio in config["ratios"]:
                 add(method_run(name, variant, block, f"r{ratio:g}", "main", "matched",
                                "default"))
-        for name in (config.get("paper_protocol") or {}).get("methods", []):
+        protocol = config.get("paper_protocol") or {}
+        for name in protocol.get("methods", []):
             if (name, "default") not in blocks:
                 raise ValueError(f"paper_protocol names {name!r}, which is not in methods")
             block = dict(blocks[(name, "default")])
             block["options"] = {**block["options"], "policy": "paper"}
             block["match"] = None  # same int(ratio·L) blocks: nothing to match
-            for ratio in config["ratios"]:  # recovered rows reuse their Table 1 run's LRs
+            block["lr_from"] = None
+            for ratio in protocol.get("ratios", config["ratios"]):  # reuse Table 1's LRs
                 setting = f"r{ratio:g}"
                 ref = (key, name, "default", setting)
                 add(method_run(name, "paper", block, setting, "paper_protocol", "paper",
@@ -251,7 +256,7 @@ class RunGrid:
             variant = variant or "default"
             if (name, variant) not in blocks:
                 raise ValueError(f"kd.runs names {spec!r}, which is not a method/variant")
-            block = dict(blocks[(name, variant)])
+            block = dict(blocks[(name, variant)], lr_from=None)
             block["recovery"] = True
             block["training"] = {**block["training"], "loss": "kd",
                                  "kd_temperature": kd.get("temperature", 2.0)}
@@ -269,7 +274,7 @@ class RunGrid:
             setting = f"r{ablations['ratio']:g}"
             ref = (key, "flexigpt", "default", setting)
             for variant, overrides in ablations["variants"].items():
-                block = {**base, "options": {**base["options"], **overrides}}
+                block = {**base, "options": {**base["options"], **overrides}, "lr_from": None}
                 add(method_run("flexigpt", variant, block, setting, "ablation", "matched",
                                "default", lr_from=ref if ref in runs else None))
         ext = config.get("extension") or {}
