@@ -1,0 +1,342 @@
+"""Text generation for any saved model, with self-speculative decoding for FlexiGPT models.
+
+:func:`generate` loads a model directory (``flexigpt.load_compressed``: harness outputs of
+every method, or plain HF checkpoints), tokenises the prompts with left padding and runs
+transformers' ``generate`` (KV cache, greedy or sampling, batches). With
+``speculative=True`` a FlexiGPT (pruned or extended) model decodes with its own
+weight-sharing draft (:mod:`flexigpt.generation.draft`) through transformers' assisted
+generation: the draft proposes ``draft_length`` tokens, one forward of the full model
+verifies them, so greedy output is token-for-token that of plain greedy decoding (and
+sampling keeps the full model's distribution, by speculative sampling).
+
+Transformers' assisted generation runs one sequence at a time, so speculative runs decode
+the prompts one by one whatever ``batch_size`` is (``stats["speculative_batch"] == 1``).
+
+Statistics (``GenerationOutput.stats``) come from forward hooks on the full model and the
+draft: wall time, tokens/s, prefill time (first forward) and per-token decode latency
+(``per_token_ms``: time per decode step after the first forward, one token per sequence of
+the batch; plain decoding only), and
+for speculative runs the number of draft and full forward passes, the rounds, drafted and
+accepted tokens, the acceptance rate α (maximum-likelihood estimate of the per-token
+acceptance probability of the speculative decoding analysis: accepted / (accepted +
+rejections)), the accepted fraction of drafted tokens and the mean tokens per round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from flexigpt.generation.draft import (SPECULATIVE_METHODS, build_draft, draft_extra_bytes,
+                                       set_draft_length, skipped_blocks)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GenerationOutput", "Generator", "generate", "read_prompts", "speculative_bound",
+           "SPECULATIVE_METHODS", "build_draft", "skipped_blocks", "draft_extra_bytes"]
+
+#: default draft length k (tokens drafted per verification)
+DEFAULT_DRAFT_LENGTH = 2
+
+
+@dataclass
+class GenerationOutput:
+    """Texts and figures of one :func:`generate` call."""
+
+    prompts: list[str]
+    texts: list[str]  # continuations only
+    token_ids: list[list[int]]  # new tokens of each prompt (to and including EOS)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def read_prompts(path: str | os.PathLike) -> list[str]:
+    """One prompt per non-empty line of a text file."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise ValueError(f"{str(path)!r} holds no prompts (one per line)")
+    return prompts
+
+
+def speculative_bound(alpha: float, k: int, c: float) -> float:
+    """Expected speed-up of speculative decoding over plain decoding:
+    ``(1 − α^(k+1)) / ((1 − α)(k·c + 1))`` (Leviathan et al. 2023, Thm 3.8), with α the
+    per-token acceptance probability, k the draft length and c the draft/full cost ratio."""
+    tokens = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (k * c + 1)
+
+
+class _Recorder:
+    """Forward hooks counting calls of a module, with input/mask lengths and end times."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.calls: list[tuple[int, int, float]] = []  # (input len, mask len, end time)
+        self._pending: list[tuple[int, int]] = []
+        self._handles = [module.register_forward_pre_hook(self._pre, with_kwargs=True),
+                         module.register_forward_hook(self._post)]
+
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        n_in = ids.shape[1] if ids is not None else kwargs["inputs_embeds"].shape[1]
+        self._pending.append((n_in, mask.shape[-1] if mask is not None else -1))
+
+    def _post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        n_in, n_mask = self._pending.pop()
+        self.calls.append((n_in, n_mask, time.perf_counter()))
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self._pending.clear()
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def _rounds(calls: list[tuple[int, int, float]], prompt_len: int,
+            final_len: int) -> list[tuple[int, int]]:
+    """``(drafted, accepted)`` per verification round of one assisted-generation run, from
+    the full model's calls: round r sees ``S_{r−1} + c_r`` mask positions and feeds
+    ``c_r + 1`` tokens (round 0: the prompt + ``c_0``); each round adds ``n_r + 1`` tokens."""
+    lengths = []  # sequence length before each round
+    drafted = []
+    for r, (n_in, n_mask, _) in enumerate(calls):
+        if r == 0:
+            lengths.append(prompt_len)
+            drafted.append(n_in - prompt_len)
+        else:
+            drafted.append(n_in - 1)
+            lengths.append(n_mask - (n_in - 1))
+    lengths.append(final_len)
+    return [(drafted[r], lengths[r + 1] - lengths[r] - 1) for r in range(len(calls))]
+
+
+class Generator:
+    """A loaded model (and its draft, built on first speculative use) ready to generate.
+
+    Args:
+        model_dir: a saved model directory, or a ``LoadedModel`` / ``(model, tokenizer,
+            manifest)`` already in memory.
+        dtype: weight dtype when loading.
+    """
+
+    def __init__(self, model_dir: Any, dtype: str = "float32") -> None:
+        from flexigpt.artifacts import LoadedModel, load_compressed
+
+        if isinstance(model_dir, LoadedModel):
+            loaded = model_dir
+        elif isinstance(model_dir, tuple):
+            loaded = LoadedModel(*model_dir)
+        else:
+            loaded = load_compressed(model_dir, dtype=dtype)
+        self.model, self.tokenizer, self.manifest = loaded.model, loaded.tokenizer, loaded.manifest
+        self.model.eval()
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "left"
+        self._draft: nn.Module | None = None
+        self.draft_info: dict[str, Any] = {}
+
+    @property
+    def method(self) -> str | None:
+        return (self.manifest or {}).get("method")
+
+    def supports_speculative(self) -> bool:
+        return self.method in SPECULATIVE_METHODS
+
+    def draft(self, draft_length: int = DEFAULT_DRAFT_LENGTH) -> nn.Module:
+        """The self-speculative draft (built once; shares every tensor with the model)."""
+        if self._draft is None:
+            from flexigpt.models.adapters import get_adapter
+
+            n_blocks = len(get_adapter(self.model).layers(self.model))
+            skip = skipped_blocks(self.manifest, n_blocks)
+            rss0 = _rss_bytes()
+            self._draft = build_draft(self.model, skip, draft_length)
+            self.draft_info = {"skipped_blocks": skip, "draft_blocks": n_blocks - len(skip),
+                               "full_blocks": n_blocks,
+                               "extra_bytes": draft_extra_bytes(self._draft, self.model),
+                               "build_rss_delta_bytes": _rss_bytes() - rss0}
+        set_draft_length(self._draft, draft_length)
+        return self._draft
+
+    # ---- generation -----------------------------------------------------------------------
+    def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
+        if enc["input_ids"].shape[1] == 0:
+            raise ValueError("prompts encode to no tokens")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def generate(self, prompts: list[str], max_new_tokens: int = 64, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 1,
+                 seed: int = 0, speculative: bool = False,
+                 draft_length: int = DEFAULT_DRAFT_LENGTH,
+                 ignore_eos: bool = False) -> GenerationOutput:
+        """See :func:`generate`."""
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("no prompts given")
+        if max_new_tokens < 1 or batch_size < 1:
+            raise ValueError("max_new_tokens and batch_size must be ≥ 1")
+        if do_sample and (temperature <= 0 or not 0 < top_p <= 1):
+            raise ValueError(f"sampling needs temperature > 0 and 0 < top_p ≤ 1, got "
+                             f"{temperature}, {top_p}")
+        draft = None
+        if speculative:
+            if not self.supports_speculative():
+                raise ValueError(f"speculative decoding needs a FlexiGPT model "
+                                 f"({'/'.join(SPECULATIVE_METHODS)}); this one is "
+                                 f"{self.method or 'a plain checkpoint'!r}")
+            draft = self.draft(draft_length)
+            batch_size = 1  # transformers' assisted generation: one sequence at a time
+        kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample,
+                                  "pad_token_id": self.tokenizer.pad_token_id}
+        if do_sample:
+            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        if ignore_eos:
+            # EOS is masked out (min_new_tokens): every sequence gets max_new_tokens tokens
+            kwargs.update(min_new_tokens=max_new_tokens)
+            eos_ids: set[int] = set()
+        else:
+            eos = self.model.generation_config.eos_token_id
+            eos = self.tokenizer.eos_token_id if eos is None else eos
+            eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
+
+        torch.manual_seed(seed)
+        full_rec = _Recorder(self.model)
+        draft_rec = _Recorder(draft) if draft is not None else None
+        texts: list[str] = []
+        new_ids: list[list[int]] = []
+        agg = {"wall_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0,
+               "full_forwards": 0, "draft_forwards": 0, "rounds": 0, "drafted": 0,
+               "accepted": 0, "rejections": 0, "batches": 0}
+        try:
+            for start in range(0, len(prompts), batch_size):
+                batch = prompts[start:start + batch_size]
+                enc = self.encode(batch)
+                full_rec.reset()
+                if draft_rec is not None:
+                    draft_rec.reset()
+                t0 = time.perf_counter()
+                with torch.inference_mode(), _quiet_transformers(draft is not None):
+                    out = self.model.generate(**enc, **kwargs,
+                                              **({"assistant_model": draft} if draft else {}))
+                t1 = time.perf_counter()
+                prompt_len = enc["input_ids"].shape[1]
+                calls = list(full_rec.calls)
+                agg["wall_s"] += t1 - t0
+                agg["batches"] += 1
+                agg["full_forwards"] += len(calls)
+                if calls:
+                    agg["prefill_s"] += calls[0][2] - t0
+                    agg["decode_s"] += calls[-1][2] - calls[0][2]
+                    agg["decode_steps"] += len(calls) - 1
+                if draft_rec is not None:
+                    agg["draft_forwards"] += len(draft_rec.calls)
+                    for drafted, accepted in _rounds(calls, prompt_len, out.shape[1]):
+                        agg["rounds"] += 1
+                        agg["drafted"] += drafted
+                        agg["accepted"] += accepted
+                        agg["rejections"] += int(accepted < drafted)
+                for row in out[:, prompt_len:].tolist():
+                    kept = []
+                    for tok in row:
+                        kept.append(tok)
+                        if tok in eos_ids:
+                            break
+                    new_ids.append(kept)
+                    texts.append(self.tokenizer.decode(kept, skip_special_tokens=True))
+        finally:
+            full_rec.remove()
+            if draft_rec is not None:
+                draft_rec.remove()
+        n_new = sum(len(t) for t in new_ids)
+        stats: dict[str, Any] = {
+            "method": self.method, "prompts": len(prompts), "new_tokens": n_new,
+            "max_new_tokens": max_new_tokens, "do_sample": do_sample, "seed": seed,
+            "batch_size": batch_size, "speculative": speculative, "threads":
+            torch.get_num_threads(), "wall_s": agg["wall_s"], "batches": agg["batches"],
+            "tokens_per_s": n_new / agg["wall_s"] if agg["wall_s"] > 0 else math.nan,
+            "full_forwards": agg["full_forwards"]}
+        if speculative:
+            a, r = agg["accepted"], agg["rejections"]
+            stats.update(speculative_batch=1, draft_length=draft_length,
+                         draft_forwards=agg["draft_forwards"], rounds=agg["rounds"],
+                         drafted=agg["drafted"], accepted=a, rejections=r,
+                         alpha=a / (a + r) if a + r else math.nan,
+                         accepted_fraction=a / agg["drafted"] if agg["drafted"] else math.nan,
+                         tokens_per_round=n_new / agg["rounds"] if agg["rounds"] else math.nan,
+                         draft=dict(self.draft_info))
+        else:
+            steps = agg["decode_steps"]
+            stats.update(prefill_s=agg["prefill_s"], decode_s=agg["decode_s"],
+                         decode_steps=steps,
+                         per_token_ms=1e3 * agg["decode_s"] / steps if steps else math.nan,
+                         decode_tokens_per_s=(steps * batch_size / agg["decode_s"]
+                                              if agg["decode_s"] > 0 else math.nan))
+        return GenerationOutput(prompts=prompts, texts=texts, token_ids=new_ids, stats=stats)
+
+
+def generate(model_dir: Any, prompts: list[str], max_new_tokens: int = 64,
+             do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+             batch_size: int = 1, seed: int = 0, speculative: bool = False,
+             draft_length: int = DEFAULT_DRAFT_LENGTH, dtype: str = "float32",
+             ignore_eos: bool = False) -> GenerationOutput:
+    """Generate continuations of ``prompts`` with the model saved in ``model_dir``.
+
+    Args:
+        model_dir: any directory ``flexigpt.load_compressed`` reads (or a ``LoadedModel``).
+        prompts: the prompts (batched in order, left-padded).
+        max_new_tokens: tokens generated per prompt (fewer when EOS comes first).
+        do_sample: sample (``temperature``, nucleus ``top_p``; no top-k cut) instead of
+            greedy decoding.
+        batch_size: prompts per ``generate`` call (1 for speculative runs).
+        seed: torch seed set once before the first batch (sampling is reproducible).
+        speculative: self-speculative decoding with the FlexiGPT draft.
+        draft_length: tokens the draft proposes per verification (k).
+        dtype: weight dtype.
+        ignore_eos: generate exactly ``max_new_tokens`` per prompt (benchmarks).
+
+    Returns:
+        :class:`GenerationOutput` with the continuations and the statistics.
+    """
+    gen = Generator(model_dir, dtype=dtype)
+    return gen.generate(prompts, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                        temperature=temperature, top_p=top_p, batch_size=batch_size,
+                        seed=seed, speculative=speculative, draft_length=draft_length,
+                        ignore_eos=ignore_eos)
+
+
+@contextlib.contextmanager
+def _quiet_transformers(quiet: bool):
+    """Silence transformers' warnings about the assistant's own ``generate`` call (it passes
+    a generation config together with length arguments, by design)."""
+    if not quiet:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0

@@ -1,0 +1,270 @@
+"""Generation: plain / batched / sampled decoding, the self-speculative FlexiGPT draft
+(weight sharing, token-for-token identity with greedy decoding), the lean merged path, the
+CLI and the decode benchmark on tiny models."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_model
+from flexigpt.artifacts import LoadedModel, save_compressed
+from flexigpt.cli import main as cli_main
+from flexigpt.generation import (Generator, build_draft, draft_extra_bytes, generate,
+                                 skipped_blocks, speculative_bound)
+from flexigpt.generation.lean import merge_replacement_linears
+from flexigpt.methods.extend import ExtendConfig
+from flexigpt.methods.extend import compress as extend_compress
+from flexigpt.methods.prune import FlexiGPTConfig
+from flexigpt.methods.prune import compress as prune_compress
+from flexigpt.methods.sharing import SharedLoRALinear
+from flexigpt.models import get_adapter
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+CALIB = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
+PROMPTS = ["the city of the river was", "music and film", "in the north of the empire the king"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _perturb(model, scale: float = 0.05, seed: int = 0) -> None:
+    """Make every adapter non-trivial (draft ≠ full model, so some drafts are rejected)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.rsplit(".", 1)[-1] in ("lora_A", "lora_B"):
+                p.add_(scale * torch.randn(p.shape, generator=g))
+            elif n.endswith("gamma"):
+                p.fill_(0.5)
+
+
+def flexi(layers: int = 6, family: str = "llama") -> tuple[torch.nn.Module, dict]:
+    model = make_model(family, layers=layers)
+    with torch.no_grad():
+        result = prune_compress(model, None, CALIB, FlexiGPTConfig(ratio=0.5, rank=8))
+    _perturb(model)
+    return model, {"method": "flexigpt", "structure": result.structure, "info": result.info}
+
+
+def extended(pattern: str = "block", layers: int = 7) -> tuple[torch.nn.Module, dict]:
+    model = make_model(layers=4)
+    with torch.no_grad():
+        result = extend_compress(model, None, None, ExtendConfig(layers=layers, pattern=pattern,
+                                                                 rank=4, gamma_init=0.5))
+    _perturb(model, scale=0.2)
+    return model, {"method": "flexigpt_extend", "structure": result.structure}
+
+
+def gen_for(model, manifest, tokenizer) -> Generator:
+    return Generator(LoadedModel(model, tokenizer, manifest))
+
+
+def _check_speculative(gen: Generator, k: int, ignore_eos: bool = True, n: int = 24) -> dict:
+    plain = gen.generate(PROMPTS, max_new_tokens=n, ignore_eos=ignore_eos)
+    spec = gen.generate(PROMPTS, max_new_tokens=n, ignore_eos=ignore_eos, speculative=True,
+                        draft_length=k)
+    assert spec.token_ids == plain.token_ids  # token for token
+    assert spec.texts == plain.texts
+    s = spec.stats
+    assert s["rounds"] == s["full_forwards"] and s["draft_forwards"] == s["drafted"]
+    assert s["accepted"] + s["rounds"] == s["new_tokens"] == plain.stats["new_tokens"]
+    assert s["drafted"] <= k * s["rounds"] and s["draft"]["extra_bytes"] == 0
+    if ignore_eos:
+        assert s["new_tokens"] == n * len(PROMPTS)
+    assert 0 <= s["alpha"] <= 1 and s["full_forwards"] <= plain.stats["full_forwards"]
+    return s
+
+
+# ---- self-speculative decoding: identity with plain greedy decoding --------------------------
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_speculative_greedy_identical_pruned(tiny_tokenizer, k):
+    model, manifest = flexi()
+    s = _check_speculative(gen_for(model, manifest, tiny_tokenizer), k)
+    assert s["accepted"] > 0 and s["rejections"] > 0  # both branches of verification ran
+    assert s["draft"]["skipped_blocks"] == sorted(int(i) for i in manifest["structure"]["base_map"])
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_speculative_greedy_identical_other_families(tiny_tokenizer, family):
+    model, manifest = flexi(family=family)
+    s = _check_speculative(gen_for(model, manifest, tiny_tokenizer), 2, n=16)
+    assert s["accepted"] > 0 and s["draft"]["draft_blocks"] == 3
+
+
+def test_speculative_with_eos_and_skipped_first_block(tiny_tokenizer):
+    model, manifest = flexi(layers=8)
+    gen = gen_for(model, manifest, tiny_tokenizer)
+    _check_speculative(gen, 2, ignore_eos=False, n=16)
+    # a draft that also skips block 0 (its cache slot 0 is then a renumbered later block)
+    structure = {**manifest["structure"], "pruned_blocks": [0, 5], "base_map": {"0": 1, "5": 3}}
+    s = _check_speculative(gen_for(model, {"method": "flexigpt", "structure": structure},
+                                   tiny_tokenizer), 3)
+    assert s["draft"]["skipped_blocks"] == [0, 5]
+
+
+@pytest.mark.parametrize("pattern", ["block", "sequential"])
+def test_speculative_greedy_identical_extended(tiny_tokenizer, pattern):
+    model, manifest = extended(pattern)
+    layout = manifest["structure"]["layout"]
+    s = _check_speculative(gen_for(model, manifest, tiny_tokenizer), 3)
+    repeats = [p for p in range(len(layout)) if layout[p] in layout[:p]]
+    assert s["draft"]["skipped_blocks"] == repeats and s["draft"]["draft_blocks"] == 4
+    assert s["accepted"] > 0
+
+
+# ---- the draft: shared storage, ShortGPT architecture, full model untouched -------------------
+def test_draft_shares_storage_and_is_shortgpt(tiny_tokenizer):
+    model, manifest = flexi()
+    blocks = get_adapter(model).layers(model)
+    idx_before = [b.self_attn.layer_idx for b in blocks]
+    logits_before = model(CALIB).logits
+    skip = skipped_blocks(manifest, len(blocks))
+    draft = build_draft(model, skip)
+    full_ptrs = {p.data_ptr() for p in model.parameters()} | {b.data_ptr()
+                                                              for b in model.buffers()}
+    assert all(p.data_ptr() in full_ptrs for p in draft.parameters())
+    assert all(b.data_ptr() in full_ptrs for b in draft.buffers())
+    assert draft_extra_bytes(draft, model) == 0
+    assert draft.lm_head is model.lm_head and draft.model.embed_tokens is model.model.embed_tokens
+    kept = [i for i in range(len(blocks)) if i not in skip]
+    assert [w.block for w in draft.model.layers] == [blocks[i] for i in kept]
+    assert draft.config.num_hidden_layers == len(kept) == 3
+    assert not any(isinstance(m, SharedLoRALinear) for m in draft.modules())
+    # reference ShortGPT model: a copy with the replacement blocks removed
+    ref = copy.deepcopy(model)
+    ad = get_adapter(ref)
+    ad.set_layers(ref, [ad.layers(ref)[i] for i in kept])
+    with torch.no_grad():
+        assert torch.allclose(draft(CALIB).logits, ref(CALIB).logits, atol=1e-6)
+        prompt = CALIB[:1, :6]
+        out_d = draft.generate(prompt, max_new_tokens=10, do_sample=False, min_new_tokens=10)
+        out_r = ref.generate(prompt, max_new_tokens=10, do_sample=False, min_new_tokens=10)
+    assert torch.equal(out_d, out_r)  # its own KV cache with renumbered slots
+    # the full model is untouched
+    assert [b.self_attn.layer_idx for b in blocks] == idx_before
+    assert model.config.num_hidden_layers == 6
+    assert torch.equal(model(CALIB).logits, logits_before)
+
+
+def test_speculative_rejected_for_other_models(tiny_tokenizer):
+    gen = gen_for(make_model(), None, tiny_tokenizer)
+    with pytest.raises(ValueError, match="FlexiGPT model"):
+        gen.generate(PROMPTS[:1], max_new_tokens=2, speculative=True)
+    with pytest.raises(ValueError, match="FlexiGPT model"):
+        skipped_blocks({"method": "shortgpt", "structure": {}}, 4)
+
+
+# ---- sampling, batching -----------------------------------------------------------------------
+def test_sampling_reproducible(tiny_tokenizer):
+    model, manifest = flexi()
+    gen = gen_for(model, manifest, tiny_tokenizer)
+    opts = {"max_new_tokens": 12, "do_sample": True, "temperature": 1.5, "top_p": 0.95,
+            "ignore_eos": True}
+    a = gen.generate(PROMPTS, seed=3, **opts)
+    b = gen.generate(PROMPTS, seed=3, **opts)
+    c = gen.generate(PROMPTS, seed=4, **opts)
+    assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
+    s1 = gen.generate(PROMPTS, seed=3, speculative=True, draft_length=2, **opts)
+    s2 = gen.generate(PROMPTS, seed=3, speculative=True, draft_length=2, **opts)
+    assert s1.token_ids == s2.token_ids and all(len(t) == 12 for t in s1.token_ids)
+
+
+def test_batch_of_two_left_padding(tiny_tokenizer):
+    model, manifest = flexi()
+    gen = gen_for(model, manifest, tiny_tokenizer)
+    prompts = PROMPTS[1:]  # different lengths → left padding
+    lens = [len(tiny_tokenizer(p)["input_ids"]) for p in prompts]
+    assert lens[0] != lens[1]
+    single = gen.generate(prompts, max_new_tokens=10, batch_size=1, ignore_eos=True)
+    batched = gen.generate(prompts, max_new_tokens=10, batch_size=2, ignore_eos=True)
+    assert batched.stats["batches"] == 1 and single.stats["batches"] == 2
+    assert batched.token_ids == single.token_ids and len(batched.texts) == 2
+    s = batched.stats
+    assert s["new_tokens"] == 20 and s["decode_steps"] == 9 and s["tokens_per_s"] > 0
+    assert s["prefill_s"] > 0 and s["per_token_ms"] > 0
+
+
+# ---- lean merged path --------------------------------------------------------------------------
+def test_merged_replacements_unchanged_outputs(tiny_tokenizer):
+    model, manifest = flexi()
+    gen = gen_for(model, manifest, tiny_tokenizer)
+    with torch.no_grad():
+        before_logits = model(CALIB).logits
+    before = gen.generate(PROMPTS, max_new_tokens=12, ignore_eos=True)
+    info = merge_replacement_linears(model)
+    assert info["merged"] == 3 * 7 and info["extra_bytes"] > 0
+    assert not any(isinstance(m, SharedLoRALinear) for m in model.modules())
+    with torch.no_grad():
+        assert torch.allclose(model(CALIB).logits, before_logits, atol=1e-5)
+    after = gen.generate(PROMPTS, max_new_tokens=12, ignore_eos=True)
+    assert after.token_ids == before.token_ids
+    spec = gen.generate(PROMPTS, max_new_tokens=12, ignore_eos=True, speculative=True)
+    assert spec.token_ids == after.token_ids
+
+
+def test_speculative_bound():
+    assert speculative_bound(0.0, 3, 0.5) == pytest.approx(1 / 2.5)
+    assert speculative_bound(1.0, 3, 0.5) == pytest.approx(4 / 2.5)
+    assert speculative_bound(0.5, 2, 0.0) == pytest.approx(1.75)
+
+
+# ---- CLI and python entry point on saved directories -------------------------------------------
+@pytest.fixture
+def saved_dirs(tmp_path, tiny_tokenizer):
+    model, manifest = flexi()
+    save_compressed(model, tiny_tokenizer, manifest, tmp_path / "flexi")
+    save_compressed(make_model(), tiny_tokenizer, {"method": "dense", "structure": {}},
+                    tmp_path / "dense")
+    return tmp_path / "flexi", tmp_path / "dense"
+
+
+def test_cli_generate_on_saved_model(saved_dirs, tmp_path, capsys):
+    flexi_dir, dense_dir = saved_dirs
+    prompts_file = tmp_path / "prompts.txt"
+    prompts_file.write_text("\n".join(PROMPTS[:2]) + "\n\n")
+    out = tmp_path / "gen.json"
+    rc = cli_main(["generate", "--model", str(flexi_dir), "--prompts-file", str(prompts_file),
+                   "--max-new-tokens", "6", "--speculative", "--draft-length", "2",
+                   "--ignore-eos", "--json", str(out), PROMPTS[2]])
+    captured = capsys.readouterr()
+    assert rc == 0 and PROMPTS[2] in captured.out and "tok/s" in captured.err
+    record = json.loads(out.read_text())
+    assert record["prompts"] == [PROMPTS[2], *PROMPTS[:2]]
+    assert record["stats"]["speculative"] and record["stats"]["draft_length"] == 2
+    assert all(len(t) == 6 for t in record["token_ids"])
+    plain = generate(flexi_dir, record["prompts"], max_new_tokens=6, ignore_eos=True,
+                     batch_size=3)
+    assert plain.token_ids == record["token_ids"]
+    assert cli_main(["generate", "--model", str(dense_dir), "--batch-size", "2",
+                     "--sample", "--max-new-tokens", "4", *PROMPTS[:2]]) == 0
+    assert cli_main(["generate", "--model", str(dense_dir), "--speculative", "x"]) == 2
+
+
+def test_bench_decode_quick(saved_dirs, tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_decode",
+                                                  ROOT / "benchmarks" / "bench_decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    flexi_dir, dense_dir = saved_dirs
+    prompts_file = tmp_path / "p.txt"
+    prompts_file.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "bench.json"
+    rc = bench.main([str(dense_dir), str(flexi_dir), "--prompts-file", str(prompts_file),
+                     "--quick", "--out", str(out), "--draft-lengths", "1", "2"])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    runs = {r["label"]: r for r in result["models"]}
+    assert set(runs) == {"dense", "flexi"}
+    assert "speculative" not in runs["dense"] and runs["flexi"]["speculative"]["identical"]
+    for k in ("1", "2"):
+        sp = runs["flexi"]["speculative"]["by_k"][k]
+        assert sp["identical"] and sp["bound"] > 0 and sp["speedup"] > 0
+    for r in runs.values():
+        assert r["batch1"]["per_token_ms"] > 0 and r["batch1"]["peak_rss_mb"] > 0
+        assert r["batched"]["batch_size"] > 1 and r["prefill_ms"] > 0
+    assert "loadavg" in result
