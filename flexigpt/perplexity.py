@@ -4,11 +4,17 @@ Protocol: the held-out text is cut into consecutive, non-overlapping windows of 
 tokens by :func:`flexigpt.calibration.token_windows` (BOS first, stride = seq_len, no context
 carried between windows); every predicted token of every window counts equally.
 PPL = exp(total NLL / number of predicted tokens).
+
+:func:`window_nlls` also keeps each window's summed NLL and token count (the per-window
+records that a paired bootstrap of log-PPL resamples); its ``total``/``count`` are computed
+exactly as :func:`window_nll` computes them, so ``exp(total / count)`` equals
+:func:`perplexity` bit for bit.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -48,3 +54,52 @@ def perplexity(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
     if not math.isfinite(total):
         raise FloatingPointError("perplexity: the model produced a non-finite loss")
     return math.exp(total / count)
+
+
+@dataclass
+class WindowNLL:
+    """Per-window NLL of one perplexity run.
+
+    Attributes:
+        nll: summed next-token NLL of each window (fp32 token losses summed in fp64).
+        tokens: predicted tokens of each window (``T - 1``).
+        total, count: the totals :func:`window_nll` returns (same arithmetic).
+    """
+
+    nll: list[float]
+    tokens: list[int]
+    total: float
+    count: int
+
+    def perplexity(self) -> float:
+        """``exp(total / count)`` (= :func:`perplexity`); raises on a non-finite NLL."""
+        if not math.isfinite(self.total):
+            raise FloatingPointError("perplexity: the model produced a non-finite loss")
+        return math.exp(self.total / self.count)
+
+
+@torch.no_grad()
+def window_nlls(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
+                progress: bool = False) -> WindowNLL:
+    """:func:`window_nll` plus the summed NLL and token count of every window."""
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    per_nll: list[float] = []
+    per_tok: list[int] = []
+    was_training = model.training
+    model.eval()
+    try:
+        for start in tqdm(range(0, windows.shape[0], batch_size), desc="perplexity",
+                          disable=not progress):
+            ids = windows[start:start + batch_size].to(device)
+            logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+            flat, target = logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+            nll = nn.functional.cross_entropy(flat, target, reduction="sum")
+            total += float(nll)
+            count += ids[:, 1:].numel()
+            tok = nn.functional.cross_entropy(flat, target, reduction="none")
+            per_nll.extend(tok.view(ids.shape[0], -1).double().sum(dim=1).tolist())
+            per_tok.extend([ids.shape[1] - 1] * ids.shape[0])
+    finally:
+        model.train(was_training)
+    return WindowNLL(per_nll, per_tok, total, count)

@@ -5,21 +5,43 @@ Schema 1 (``flexigpt/tables`` reads it)::
     {"schema": 1, "model_dir", "method" ("dense" without manifest), "manifest_hash"|null,
      "num_layers", "parameters": {"dense", "compressed", "achieved_ratio"},
      "trained_tokens" (recovery / continued-training tokens in the manifest history),
+     "blocks_pruned" (blocks removed or replaced; null for width methods and dense),
+     "recovery": null | {"recipe", "loss", "lr", "gamma_lr", "trainable_params", "tokens",
+                         "budget" (null | {"target", "achieved", "rank", "rel_error"}),
+                         "lr_source" ("tuning sweep of N trials" | "config" | ...)},
      "perplexity": {"value", "text", "text_sha256", "seq_len", "n_windows", "n_tokens",
                     "seconds"} | null,
      "tasks": {<task>: {"metric", "value" (0–1), "stderr", "metrics", "n_docs", "limit",
                         "version", "source", "split", "data_sha256", "seconds", ...}},
      "lm_eval": {"version", "num_fewshot": 0, "batch_size", "backend", "config"},
+     "records": {"tasks": <file>|null, "perplexity": <file>|null} (optional; older results
+                 lack it; file names relative to the result JSON's folder),
      "provenance", "created", "labels"}
+
+Per-document records (written atomically beside ``<stem>.json``, before it; read them with
+:func:`load_records`; ``flexigpt.stats`` pairs and bootstraps them):
+
+* ``<stem>.samples.jsonl.gz`` (gzip, mtime 0): one JSON object per evaluated document, tasks
+  in result order, docs by ``doc_id``: ``task``, ``data_sha256`` (= ``tasks.<t>.data_sha256``;
+  null for hub data), ``split``, ``metric`` (the headline metric), ``doc_id``, ``target``,
+  ``gold`` (choice index), ``loglikelihoods`` / ``is_greedy`` (one per request, in choice
+  order), ``filtered_resps`` (lm-eval's ``[[ll, is_greedy], ...]``), ``filter``, ``metrics``,
+  ``doc_hash``, ``prompt_hash``, ``target_hash`` and each metric's per-doc value (``acc``,
+  ``acc_norm`` where lm-eval computes it). lm-eval's ``doc``, ``arguments`` and ``resps``
+  are left out (``doc_hash`` identifies the doc).
+* ``<stem>.windows.json``: ``{"text", "text_sha256", "seq_len", "n_windows", "nll": [per
+  window summed NLL], "tokens": [per window predicted tokens], "total_nll", "n_tokens"}``.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib.metadata
 import json
 import logging
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -125,31 +147,72 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
         "num_layers": int(model.config.num_hidden_layers), "parameters": params,
         "trained_tokens": sum(int(h.get("tokens") or 0) for h in (manifest or {}).get(
             "history", []) if h.get("stage") == "train"),
+        "blocks_pruned": blocks_pruned(manifest), "recovery": recovery_summary(
+            manifest, model_dir_or_spec),
         "perplexity": None, "tasks": {},
         "lm_eval": {"version": importlib.metadata.version("lm_eval"), "num_fewshot": 0,
                     "batch_size": cfg.batch_size, "backend": cfg.backend, "config": {}},
     }
+    windows: dict[str, Any] = {}
     if cfg.ppl_text is not None:
-        result["perplexity"] = perplexity_block(model, tokenizer, cfg)
+        result["perplexity"] = perplexity_block(model, tokenizer, cfg, windows_out=windows)
+    doc_records: list[dict[str, Any]] = []
     if specs:
         lm = make_lm(model, tokenizer, backend=cfg.backend, batch_size=cfg.batch_size,
                      add_bos_token=cfg.add_bos_token, autocast_dtype=cfg.autocast_dtype)
-        result["tasks"] = run_tasks(lm, specs, cfg.limit)
+        result["tasks"] = run_tasks(lm, specs, cfg.limit, records=doc_records)
         result["lm_eval"]["config"] = lm_config(lm)
     result.update(provenance=provenance(),
                   created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   labels=dict(cfg.labels))
     validate_result(result)
+    result["records"] = write_records(out_json, doc_records if specs else None,
+                                      windows or None)
     atomic_write_text(out_json, json.dumps(result, indent=2, sort_keys=True) + "\n")
     log.info("wrote %s", out_json)
     return result
 
 
-def perplexity_block(model: Any, tokenizer: Any, cfg: EvalConfig) -> dict[str, Any]:
-    """Perplexity of ``cfg.ppl_text`` by the harness's one protocol (flexigpt.perplexity)."""
+def blocks_pruned(manifest: dict[str, Any] | None) -> int | None:
+    """Blocks a block-removal method took out or replaced (its ``info.k``), else None."""
+    k = ((manifest or {}).get("info") or {}).get("k")
+    return int(k) if isinstance(k, int) and not isinstance(k, bool) else None
+
+
+def recovery_summary(manifest: dict[str, Any] | None,
+                     model_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """What the last training of the model spent and chose (None: never trained)."""
+    trains = [h for h in (manifest or {}).get("history", []) if h.get("stage") == "train"]
+    if not trains:
+        return None
+    last = trains[-1]
+    plan = last.get("plan") or {}
+    trainable = last.get("trainable") or {}
+    selection = Path(model_dir) / "selection.json"
+    if selection.is_file():
+        record = json.loads(selection.read_text())
+        reused = [g["lr_from"] for g in record.get("grid", []) if "lr_from" in g]
+        lr_source = (f"chosen by {reused[0]}" if reused
+                     else f"tuning sweep of {len(record.get('trials', []))} trial(s)")
+    else:
+        lr_source = (plan.get("sources") or {}).get("lr", "unknown")
+    return {"recipe": last.get("recipe"), "loss": last.get("loss", "lm"), "lr": plan.get("lr"),
+            "gamma_lr": plan.get("gamma_lr") if last.get("recipe") == "flexigpt" else None,
+            "trainable_params": trainable.get("trainable_parameters"),
+            "tokens": last.get("tokens"), "budget": trainable.get("budget"),
+            "lr_source": lr_source}
+
+
+def perplexity_block(model: Any, tokenizer: Any, cfg: EvalConfig,
+                     windows_out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Perplexity of ``cfg.ppl_text`` by the harness's one protocol (flexigpt.perplexity).
+
+    ``windows_out``: if given, filled with the per-window record (see the module docstring;
+    the value is the same as :func:`flexigpt.perplexity.perplexity`'s).
+    """
     from flexigpt.artifacts import sha256_file
     from flexigpt.calibration import token_windows
-    from flexigpt.perplexity import perplexity
+    from flexigpt.perplexity import window_nlls
 
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and cfg.ppl_seq_len > max_pos:
@@ -157,13 +220,108 @@ def perplexity_block(model: Any, tokenizer: Any, cfg: EvalConfig) -> dict[str, A
                          f"max_position_embeddings {max_pos}")
     start = time.perf_counter()
     windows = token_windows(cfg.ppl_text, tokenizer, cfg.ppl_seq_len, cfg.ppl_windows)
-    value = perplexity(model, windows, batch_size=max(1, cfg.ppl_batch_tokens // cfg.ppl_seq_len),
-                       progress=True)
+    per = window_nlls(model, windows, batch_size=max(1, cfg.ppl_batch_tokens // cfg.ppl_seq_len),
+                      progress=True)
+    value = per.perplexity()
     seconds = time.perf_counter() - start
     log.info("perplexity %.4f over %d × %d tokens (%.1f s)", value, *windows.shape, seconds)
-    return {"value": value, "text": str(cfg.ppl_text), "text_sha256": sha256_file(cfg.ppl_text),
-            "seq_len": cfg.ppl_seq_len, "n_windows": int(windows.shape[0]),
-            "n_tokens": int(windows[:, 1:].numel()), "seconds": round(seconds, 3)}
+    block = {"value": value, "text": str(cfg.ppl_text), "text_sha256": sha256_file(cfg.ppl_text),
+             "seq_len": cfg.ppl_seq_len, "n_windows": int(windows.shape[0]),
+             "n_tokens": int(windows[:, 1:].numel()), "seconds": round(seconds, 3)}
+    if windows_out is not None:
+        windows_out.update(text=block["text"], text_sha256=block["text_sha256"],
+                           seq_len=block["seq_len"], n_windows=block["n_windows"],
+                           nll=per.nll, tokens=per.tokens, total_nll=per.total,
+                           n_tokens=per.count)
+    return block
+
+
+def records_paths(out_json: str | os.PathLike) -> dict[str, Path]:
+    """Where the records of the result ``out_json`` go (a pure function of its path)."""
+    out = Path(out_json)
+    stem = out.name[:-5] if out.name.endswith(".json") else out.name
+    return {"tasks": out.with_name(f"{stem}.samples.jsonl.gz"),
+            "perplexity": out.with_name(f"{stem}.windows.json")}
+
+
+def _json_default(obj: Any) -> Any:
+    """numpy scalars / tuples in lm-eval's samples → JSON."""
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``atomic_write_text`` for bytes (temporary sibling, mode per umask, ``os.replace``)."""
+    try:
+        from flexigpt.artifacts import current_umask
+        mask = current_umask()
+    except ImportError:  # older artifacts module
+        mask = os.umask(0o022)
+        os.umask(mask)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_records(out_json: str | os.PathLike, docs: list[dict[str, Any]] | None,
+                  windows: dict[str, Any] | None) -> dict[str, str | None]:
+    """Write the per-document / per-window records of ``out_json`` atomically (a stale file
+    of a kind not written this time is removed); returns the result's ``records`` field."""
+    from flexigpt.artifacts import atomic_write_text
+
+    paths = records_paths(out_json)
+    field_: dict[str, str | None] = {"tasks": None, "perplexity": None}
+    if docs is not None:
+        lines = "".join(json.dumps(d, sort_keys=True, default=_json_default) + "\n"
+                        for d in docs)
+        _atomic_write_bytes(paths["tasks"], gzip.compress(lines.encode("utf-8"), mtime=0))
+        field_["tasks"] = paths["tasks"].name
+    if windows is not None:
+        atomic_write_text(paths["perplexity"], json.dumps(windows, sort_keys=True) + "\n")
+        field_["perplexity"] = paths["perplexity"].name
+    for kind, path in paths.items():
+        if field_[kind] is None and path.exists():
+            path.unlink()
+    return field_
+
+
+def load_records(result_json: str | os.PathLike) -> dict[str, Any]:
+    """The records of a result JSON: ``{"tasks": {task: [doc record, ...]} | None,
+    "perplexity": windows record | None}`` (see the module docstring).
+
+    Raises:
+        FileNotFoundError: the result names no records or a records file is missing.
+    """
+    result_json = Path(result_json)
+    data = load_result(result_json)
+    names = data.get("records")
+    if not names:
+        raise FileNotFoundError(f"result {str(result_json)!r} has no per-document records "
+                                "(written before records existed; re-evaluate it)")
+    out: dict[str, Any] = {"tasks": None, "perplexity": None}
+    if names.get("tasks"):
+        path = result_json.parent / names["tasks"]
+        tasks: dict[str, list[dict[str, Any]]] = {}
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    rec = json.loads(line)
+                    tasks.setdefault(rec["task"], []).append(rec)
+        out["tasks"] = tasks
+    if names.get("perplexity"):
+        path = result_json.parent / names["perplexity"]
+        out["perplexity"] = json.loads(path.read_text(encoding="utf-8"))
+    return out
 
 
 def validate_result(data: dict[str, Any]) -> None:
@@ -198,6 +356,12 @@ def validate_result(data: dict[str, Any]) -> None:
             raise ValueError(f"tasks.{task}.value must be in [0, 1], got {value!r}")
         need(entry, "metric", str, f"tasks.{task}.")
         need(entry, "n_docs", int, f"tasks.{task}.")
+    records = data.get("records")
+    if records is not None:
+        if not isinstance(records, dict):
+            raise ValueError(f"result field records = {records!r} is not a dict")
+        for kind in ("tasks", "perplexity"):
+            need(records, kind, (str, type(None)), "records.")
 
 
 def load_result(path: str | os.PathLike) -> dict[str, Any]:

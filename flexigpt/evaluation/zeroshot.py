@@ -4,6 +4,12 @@ Pinned protocol (recorded in every result): ``num_fewshot=0``, an explicit ``add
 (default False: no BOS, as lm-eval ≤ 0.4.1 used by SliceGPT/FlexiGPT), a fixed batch size,
 fixed lm-eval seeds, ``limit`` = first N docs or the full split. Each task runs in its own
 ``simple_evaluate`` call so its wall time is measured separately.
+
+Per-document records (``run_task(..., records=[...])``) come from lm-eval's own
+``log_samples=True`` output, one dict per doc (:func:`doc_record`; lm-eval's samples keys
+minus ``doc``, ``arguments`` and ``resps``, plus ``task``, ``data_sha256``, ``metric``,
+``gold``, ``loglikelihoods`` and ``is_greedy``). They depend only on the requests' answers, so
+the fast scorer and stock ``HFLM`` write the same records.
 """
 
 from __future__ import annotations
@@ -82,8 +88,48 @@ def _metrics(raw: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def run_task(lm: Any, spec: TaskSpec, limit: int | None) -> dict[str, Any]:
+def _gold(task: Any, doc: dict[str, Any]) -> Any:
+    """The gold choice index exactly as lm-eval's multiple-choice ``process_results``
+    derives it (a list for multiple targets; -100 when the label is not a choice)."""
+    gold = task.doc_to_text(doc) if getattr(task, "multiple_input", 0) else task.doc_to_target(doc)
+    if isinstance(gold, str):
+        choices = task.doc_to_choice(doc)
+        return choices.index(gold) if gold in choices else -100
+    if isinstance(gold, (list, tuple)):
+        return [int(g) for g in gold]
+    return int(gold) if gold is not None else None
+
+
+def doc_record(task: Any, spec: TaskSpec, sha: str | None, sample: dict[str, Any],
+               ) -> dict[str, Any]:
+    """One per-document record from one of lm-eval's logged samples (JSON-ready)."""
+    resps = [tuple(r) if isinstance(r, (list, tuple)) else (r,) for r in sample["filtered_resps"]]
+    rec: dict[str, Any] = {
+        "task": spec.name, "data_sha256": sha, "split": spec.split, "metric": spec.metric,
+        "doc_id": int(sample["doc_id"]), "target": sample["target"],
+        "gold": _gold(task, sample["doc"]),
+        "loglikelihoods": [float(r[0]) for r in resps],
+        "is_greedy": [bool(r[1]) for r in resps if len(r) > 1],
+        "filtered_resps": [[float(r[0]), bool(r[1])] if len(r) > 1 else [float(r[0])]
+                           for r in resps],
+        "filter": sample.get("filter"), "metrics": list(sample.get("metrics", [])),
+        "doc_hash": sample.get("doc_hash"), "prompt_hash": sample.get("prompt_hash"),
+        "target_hash": sample.get("target_hash")}
+    for name in rec["metrics"]:
+        value = sample.get(name)
+        rec[name] = float(value) if isinstance(value, (int, float)) else value
+    if not isinstance(rec["target"], (str, int, float, list, type(None))):
+        rec["target"] = str(rec["target"])
+    return rec
+
+
+def run_task(lm: Any, spec: TaskSpec, limit: int | None,
+             records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Evaluate one task; returns the result JSON's ``tasks.<name>`` entry.
+
+    Args:
+        records: if given, one :func:`doc_record` per evaluated document is appended
+            (lm-eval runs with ``log_samples=True``; the metrics are unchanged).
 
     Raises:
         FloatingPointError: the headline metric is missing or not finite.
@@ -96,7 +142,7 @@ def run_task(lm: Any, spec: TaskSpec, limit: int | None) -> dict[str, Any]:
     start = time.perf_counter()
     task = build_task(spec)
     out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=0, limit=limit,
-                                  log_samples=False, batch_size=lm.batch_size,
+                                  log_samples=records is not None, batch_size=lm.batch_size,
                                   task_manager=task_manager(), **SEEDS)
     seconds = time.perf_counter() - start
     raw = out["results"][spec.name]
@@ -106,15 +152,23 @@ def run_task(lm: Any, spec: TaskSpec, limit: int | None) -> dict[str, Any]:
         raise FloatingPointError(f"{spec.name}: metric {spec.metric!r} is missing or not "
                                  f"finite in lm-eval's output {raw}")
     n_docs = int(out["n-samples"][spec.name]["effective"])
+    sha = spec.data_sha256()
+    if records is not None:
+        samples = sorted(out["samples"][spec.name], key=lambda x: x["doc_id"])
+        if len(samples) != n_docs:
+            raise RuntimeError(f"{spec.name}: lm-eval logged {len(samples)} samples for "
+                               f"{n_docs} docs")
+        records.extend(doc_record(task, spec, sha, sample) for sample in samples)
     log.info("%s: %s = %.4f ± %.4f (%d docs, %.1f s)", spec.name, spec.metric, value,
              stderr or float("nan"), n_docs, seconds)
     return {"metric": spec.metric, "value": value, "stderr": stderr, "metrics": metrics,
             "n_docs": n_docs, "n_docs_split": int(out["n-samples"][spec.name]["original"]),
             "limit": limit, "version": out["versions"].get(spec.name), "source": spec.source,
-            "split": spec.split, "data_sha256": spec.data_sha256(),
+            "split": spec.split, "data_sha256": sha,
             "seconds": round(seconds, 3)}
 
 
-def run_tasks(lm: Any, specs: list[TaskSpec], limit: int | None) -> dict[str, dict[str, Any]]:
-    """:func:`run_task` for each spec, in order."""
-    return {spec.name: run_task(lm, spec, limit) for spec in specs}
+def run_tasks(lm: Any, specs: list[TaskSpec], limit: int | None,
+              records: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`run_task` for each spec, in order (``records``: see there)."""
+    return {spec.name: run_task(lm, spec, limit, records) for spec in specs}
