@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from flexigpt.artifacts import save_compressed
+from flexigpt.artifacts import check_output, save_compressed
 from flexigpt.calibration import token_windows
 from flexigpt.models.loading import load_model
 from flexigpt.params import compression_ratio, count_parameters
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
              options: dict[str, Any] | None = None, calibration: str | None = None,
              n_calibration: int = 128, calibration_seq_len: int = 512, seed: int = 0,
-             dtype: str = "float32") -> dict[str, Any]:
+             dtype: str = "float32", force: bool | None = None) -> dict[str, Any]:
     """Load ``model_spec``, compress it with ``method`` and save to ``out_dir``.
 
     Args:
@@ -37,16 +37,30 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         calibration_seq_len: window length T in tokens.
         seed: seed for every RNG and for the window sample.
         dtype: dtype the dense model is loaded in.
+        force: replace an existing ``out_dir`` that is not a saved model (default: the
+            :func:`flexigpt.artifacts.force_outputs` setting, off).
 
     Returns:
         The manifest written to ``out_dir/manifest.json``.
+
+    Raises:
+        OutputExistsError: ``out_dir`` holds something else (checked before any work).
+        ValueError: bad options, a FlexiGPT rank too large to compress (names the largest
+            useful rank), or calibration windows longer than the model's positions.
     """
     spec = get_method(method)
     cfg = spec.make_config(**(options or {}))  # validate before any heavy work
     if spec.needs_calibration and calibration is None:
         raise ValueError(f"method {method!r} needs a calibration text file (--calibration)")
+    check_output(out_dir, "model", force)  # refuse before loading anything
     setup_run(seed)
     model, tokenizer = load_model(model_spec, dtype=dtype)
+    if method == "flexigpt":
+        from flexigpt.methods.surgery import check_flexigpt_rank
+
+        check_flexigpt_rank(model, cfg)
+    if spec.needs_calibration:
+        check_positions(model.config, calibration_seq_len, "--seq-len (calibration window)")
     dense_params = count_parameters(model)
     calib = None
     if spec.needs_calibration:
@@ -73,7 +87,15 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         "history": [],
         **provenance(),
     }
-    return save_compressed(result.model, tokenizer, manifest, out_dir)
+    return save_compressed(result.model, tokenizer, manifest, out_dir, force=force)
+
+
+def check_positions(config: Any, seq_len: int, what: str = "sequence length") -> None:
+    """``ValueError`` when ``seq_len`` exceeds the model's ``max_position_embeddings``."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and seq_len > limit:
+        raise ValueError(f"{what} {seq_len} is longer than the model's {limit} positions "
+                         f"(max_position_embeddings); use at most {limit}")
 
 
 def _jsonable(cfg: Any) -> dict[str, Any]:

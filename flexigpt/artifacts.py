@@ -3,19 +3,45 @@
 Layout of a saved model directory::
 
     <dir>/manifest.json        what was done (method, structure, params, seeds, versions)
-    <dir>/config.json          HF config of the compressed architecture
+    <dir>/config.json          HF config of the compressed architecture (non-plain models:
+                               model_type "flexigpt_compressed" + auto_map, see
+                               flexigpt/export/checkpoint.py)
+    <dir>/modeling_flexigpt_compressed.py   non-plain models: transformers remote code
     <dir>/model.safetensors    weights; shared storage is stored once
     <dir>/tokenizer*.json ...  the tokenizer
+    <dir>/README.md            model card generated from the manifest
+
+    <dir>/.flexigpt-output.json  written by ``atomic_directory``: what kind of output this is
+                               and the sha256 of every file it wrote (see below)
 
 ``load_compressed`` rebuilds the skeleton through the method registry and loads weights,
 so every method's output (baselines included) reloads with one call.
+
+Safety of outputs (issue 19): ``atomic_directory`` never deletes what it did not create. An
+existing non-empty output directory is replaced only when its ``.flexigpt-output.json``
+marker says it is an output of the same kind and it holds no file the marker does not list
+(directories written before markers existed are recognised by their ``manifest.json`` /
+``resource.json`` / ``export.json``); anything else raises :class:`OutputExistsError` unless
+``force=True`` (CLI ``--force``). Replacement is a rename, and leftover
+``.<name>.partial-<pid>-*`` siblings of interrupted saves (dead writer) are removed at the
+start of the next save to the same output. Outputs get the user's umask.
+
+Integrity: the weights are written canonically (sharing metadata in sorted order), so
+identical runs give byte-identical files; ``manifest.json`` records the sha256 of the
+weights and of every other file the rebuild reads (``files``), and ``load_compressed``
+checks them, the structure against ``config.json`` and the weights' sharing against the
+rebuilt skeleton. :func:`manifest_hash` ignores only the fields that are meant to differ
+between identical runs (:data:`VOLATILE_KEYS`: timestamps and timings).
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -29,10 +55,35 @@ from torch import nn
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
 FORMAT_VERSION = 1
+#: written by :func:`atomic_directory` into every output directory
+MARKER = ".flexigpt-output.json"
+#: manifest keys (at any depth outside ``structure``) that differ between identical runs;
+#: :func:`manifest_hash` leaves them out
+VOLATILE_KEYS = frozenset({"created", "compress_seconds", "timings", "train_seconds",
+                           "wall_seconds", "tokens_per_second", "build_seconds", "built_at"})
+#: files a model card rewrite (``flexigpt export --card``) may change after the save
+_REWRITABLE = frozenset({"README.md"})
 
 
 class CheckpointError(RuntimeError):
     """A saved model directory is incomplete, corrupt, or inconsistent with its manifest."""
+
+
+class OutputExistsError(ValueError):
+    """An output directory exists and is not a previous output of the same kind."""
+
+
+_FORCE: contextvars.ContextVar[bool] = contextvars.ContextVar("flexigpt_force", default=False)
+
+
+@contextmanager
+def force_outputs(force: bool = True) -> Iterator[None]:
+    """Within the block, :func:`atomic_directory` replaces any existing output (CLI --force)."""
+    token = _FORCE.set(bool(force))
+    try:
+        yield
+    finally:
+        _FORCE.reset(token)
 
 
 @dataclass
@@ -44,33 +95,229 @@ class LoadedModel:
     manifest: dict[str, Any] | None
 
 
-@contextmanager
-def atomic_directory(out_dir: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling directory that replaces ``out_dir`` only on success.
+def current_umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
-    Nothing that looks complete is left behind if the body raises or is interrupted.
+
+def _kind_of(directory: Path) -> str:
+    """What a finished output directory holds, from the files it has."""
+    if (directory / MANIFEST).is_file():
+        return "model"
+    if (directory / "export.json").is_file():
+        return "export"
+    if (directory / "resource.json").is_file():
+        return "resource"
+    return "directory"
+
+
+def _entries(directory: Path) -> tuple[list[str], list[str]]:
+    """(relative file paths, relative directory paths) under ``directory``, sorted."""
+    files, dirs = [], []
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory).as_posix()
+        (dirs if path.is_dir() and not path.is_symlink() else files).append(rel)
+    return files, dirs
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+#: file names a save writes, for output directories written before markers existed
+_LEGACY_MODEL_FILES = re.compile(
+    r"(manifest\.json|config\.json|generation_config\.json|model\.safetensors|README\.md|"
+    r"modeling_[\w]+\.py|tokenizer[\w.]*|special_tokens_map\.json|added_tokens\.json|"
+    r"vocab\.json|merges\.txt|chat_template\.\w+|train_log\.csv|loss_curve\.png|"
+    r"selection\.json|trial\.json|export\.json|resource\.json)")
+
+
+def _foreign(out: Path, kind: str | None) -> str | None:
+    """Why ``out`` must not be replaced by an output of ``kind`` (None: it may be)."""
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return "it is not a directory"
+    files, dirs = _entries(out)
+    if not files and not dirs:
+        return None
+    marker = _read_json(out / MARKER)
+    if isinstance(marker, dict) and isinstance(marker.get("files"), dict):
+        listed = set(marker["files"]) | {MARKER}
+        parents = {p.rsplit("/", i)[0] for p in listed for i in range(1, p.count("/") + 1)}
+        extra = [f for f in files if f not in listed] + [d for d in dirs if d not in parents]
+        if extra:
+            return f"it holds {extra[:3]} that no previous save wrote"
+        old = marker.get("kind")
+        if kind is not None and old is not None and old != kind:
+            return f"it holds a {old} output, not a {kind}"
+        return None
+    # written before markers: recognise the harness's own layouts
+    manifest, stamp = _read_json(out / MANIFEST), _read_json(out / "resource.json")
+    if isinstance(stamp, dict) and isinstance(stamp.get("files"), list):
+        listed = set(stamp["files"]) | {"resource.json"}
+        parents = {p.rsplit("/", i)[0] for p in listed for i in range(1, p.count("/") + 1)}
+        extra = [f for f in files if f not in listed] + [d for d in dirs if d not in parents]
+        if extra:
+            return f"it holds {extra[:3]} that the resource build did not write"
+        old = "resource"
+    elif (isinstance(manifest, dict) and "format_version" in manifest) or (
+            out / "export.json").is_file():
+        extra = [f for f in files if "/" in f or not _LEGACY_MODEL_FILES.fullmatch(f)] + dirs
+        if extra:
+            return f"it holds {extra[:3]} that a save does not write"
+        old = "model" if isinstance(manifest, dict) else "export"
+    else:
+        return "it is not an output of flexigpt-bench (no manifest.json or output marker)"
+    if kind is not None and old != kind:
+        return f"it holds a {old} output, not a {kind}"
+    return None
+
+
+def check_output(out_dir: str | os.PathLike, kind: str | None = None,
+                 force: bool | None = None) -> None:
+    """Raise :class:`OutputExistsError` if saving to ``out_dir`` would destroy foreign data.
+
+    Call it before expensive work; :func:`atomic_directory` checks again when it replaces.
+    """
+    if _FORCE.get() if force is None else force:
+        return
+    out = Path(out_dir)
+    reason = _foreign(out, kind)
+    if reason is not None:
+        raise OutputExistsError(
+            f"output directory {str(out)!r} exists and {reason}; refusing to replace it "
+            "(choose another --out, or pass --force / force=True to replace it)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def clean_partials(out_dir: str | os.PathLike) -> list[Path]:
+    """Remove ``.<name>.partial-*`` siblings left by interrupted saves to ``out_dir``.
+
+    A partial whose writer process (pid in its name) is still alive is kept.
     """
     out = Path(out_dir)
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    prefix = f".{out.name}.partial-"
+    for path in out.parent.iterdir():
+        if not path.name.startswith(prefix):
+            continue
+        pid = path.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+#: (device, inode, size, mtime_ns) → sha256, so a file is hashed once per process
+_SHA_CACHE: dict[tuple[int, int, int, int], str] = {}
+
+
+def _cached_sha(path: Path) -> str:
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _SHA_CACHE:
+        _SHA_CACHE[key] = sha256_file(path)
+    return _SHA_CACHE[key]
+
+
+def _write_marker(directory: Path) -> None:
+    files, _ = _entries(directory)
+    inner = _read_json(directory / MARKER)
+    kind = _kind_of(directory)
+    if kind == "directory" and isinstance(inner, dict) and inner.get("kind"):
+        kind = inner["kind"]
+    marker = {"kind": kind, "files": {
+        f: (f"symlink:{os.readlink(directory / f)}" if (directory / f).is_symlink()
+            else _cached_sha(directory / f)) for f in files if f != MARKER}}
+    (directory / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
+
+
+def _apply_umask(directory: Path) -> None:
+    mask = current_umask()
+    directory.chmod(0o777 & ~mask)
+    for path in directory.rglob("*"):
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            path.chmod(0o777 & ~mask)
+        elif path.stat().st_mode & 0o777 == 0o600:  # mkstemp's mode: widen per umask
+            path.chmod(0o666 & ~mask)
+
+
+@contextmanager
+def atomic_directory(out_dir: str | os.PathLike, force: bool | None = None,
+                     kind: str | None = None) -> Iterator[Path]:
+    """Yield a temporary sibling directory that replaces ``out_dir`` only on success.
+
+    Nothing that looks complete is left behind if the body raises or is interrupted, and
+    nothing is destroyed that this harness did not write: an existing non-empty ``out_dir``
+    must be a previous output of the same ``kind`` (see :func:`check_output`) unless
+    ``force`` (default: :func:`force_outputs`' setting). ``kind`` (``model``, ``export``,
+    ...) is checked up front when given and inferred from the written files at the end.
+
+    Raises:
+        OutputExistsError: ``out_dir`` holds something else (nothing is written).
+    """
+    out = Path(out_dir)
+    force = _FORCE.get() if force is None else force
+    check_output(out, kind, force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    clean_partials(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+    old = None
     try:
         yield tmp
-        if out.exists():
-            shutil.rmtree(out)
+        _write_marker(tmp)
+        check_output(out, _kind_of(tmp) if kind is None else kind, force)
+        _apply_umask(tmp)
+        if out.is_symlink() or out.is_file():
+            out.unlink()
+        elif out.exists():
+            old = out.parent / f"{tmp.name}.old-{secrets.token_hex(4)}"
+            os.replace(out, old)
         os.replace(tmp, out)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in (tmp, old):
+            if leftover is not None and leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a text file via a temporary sibling and ``os.replace``."""
+    """Write a text file via a temporary sibling and ``os.replace`` (mode per umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -85,43 +332,198 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def _stable(value: Any, inside_structure: bool = False) -> Any:
+    if isinstance(value, dict):
+        return {k: _stable(v, inside_structure or k == "structure") for k, v in value.items()
+                if inside_structure or k not in VOLATILE_KEYS}
+    if isinstance(value, list):
+        return [_stable(v, inside_structure) for v in value]
+    return value
+
+
 def manifest_hash(manifest: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of a manifest (identifies an evaluated model)."""
-    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    """sha256 of the canonical JSON of a manifest (identifies an evaluated model).
+
+    The manifest holds the structure (base map, ranks, ...), the weights' sha256 (which
+    covers their sharing metadata) and the sha256 of every other file the rebuild reads, so
+    the hash covers the whole checkpoint. Fields in :data:`VOLATILE_KEYS` (``created``
+    timestamps, timings) are left out: identical runs give identical hashes.
+    """
+    return hashlib.sha256(json.dumps(_stable(manifest), sort_keys=True).encode()).hexdigest()
+
+
+def shared_names(state_dict: dict[str, torch.Tensor]) -> dict[str, str]:
+    """``{dropped name: kept name}`` of tensors sharing storage, as safetensors stores them
+    (the kept name of a group is its first complete name in sorted order), sorted."""
+    from safetensors.torch import _remove_duplicate_names
+
+    groups = _remove_duplicate_names(state_dict)
+    return dict(sorted((dropped, kept) for kept, names in groups.items() for dropped in names))
+
+
+def save_weights(model: nn.Module, path: str | os.PathLike) -> dict[str, str]:
+    """``safetensors.torch.save_model`` with a canonical header (byte-identical reruns).
+
+    safetensors keeps the metadata in a hash map, so the ``{dropped: kept}`` entries of
+    shared tensors come out in a different order on every save; the header is rewritten
+    with the metadata keys sorted (same length: only the order changes). Returns the
+    sharing map (also in the file's metadata, plus ``format: pt``).
+    """
+    from safetensors.torch import save_file
+
+    state_dict = model.state_dict()
+    shared = shared_names(state_dict)
+    for dropped in shared:
+        del state_dict[dropped]
+    state_dict = {k: v.contiguous() for k, v in state_dict.items()}
+    save_file(state_dict, str(path), metadata={"format": "pt", **shared})
+    _canonical_header(Path(path))
+    return shared
+
+
+def _canonical_header(path: Path) -> None:
+    import struct
+
+    with open(path, "r+b") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+        meta = header.pop("__metadata__", None)
+        ordered = ({"__metadata__": dict(sorted(meta.items()))} if meta else {}) | header
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > n:  # never expected: same content, other order
+            raise CheckpointError(f"{str(path)!r}: canonical safetensors header is longer")
+        fh.seek(8)
+        fh.write(text + b" " * (n - len(text)))
+
+
+def file_sharing(path: str | os.PathLike) -> dict[str, str]:
+    """The ``{dropped: kept}`` sharing recorded in a safetensors file's metadata."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        meta = fh.metadata() or {}
+        names = set(fh.keys())
+    return {k: v for k, v in meta.items() if v in names and k not in names}
 
 
 def save_compressed(model: nn.Module, tokenizer: Any, manifest: dict[str, Any],
-                    out_dir: str | os.PathLike) -> dict[str, Any]:
+                    out_dir: str | os.PathLike, force: bool | None = None) -> dict[str, Any]:
     """Save weights, config, tokenizer and manifest atomically to ``out_dir``.
 
     ``manifest`` must hold ``method`` and ``structure`` (see ``CompressionResult``). The
-    weights' sha256 and file size are added to the returned (and written) manifest.
-    """
-    from safetensors.torch import save_model
+    weights' sha256, file size and sharing map, and the sha256 of every other file the
+    rebuild reads (``files``), are added to the returned (and written) manifest.
 
+    Raises:
+        OutputExistsError: ``out_dir`` exists and is not a saved model (unless ``force``).
+    """
     for key in ("method", "structure"):
         if key not in manifest:
             raise ValueError(f"manifest lacks required key {key!r}")
-    with atomic_directory(out_dir) as tmp:
-        save_model(model, str(tmp / WEIGHTS))
+    from flexigpt.export.card import write_model_card
+    from flexigpt.export.checkpoint import make_self_contained
+
+    check_output(out_dir, "model", force)  # before writing anything
+    with atomic_directory(out_dir, force=force, kind="model") as tmp:
+        shared = save_weights(model, tmp / WEIGHTS)
         model.config.save_pretrained(tmp)
+        # non-plain architectures: custom model_type + auto_map + standalone modeling file
+        make_self_contained(tmp, model, manifest)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        files, _ = _entries(tmp)
         manifest = {**manifest, "format_version": FORMAT_VERSION,
-                    "weights": {"file": WEIGHTS, "sha256": sha256_file(tmp / WEIGHTS),
-                                "bytes": (tmp / WEIGHTS).stat().st_size}}
+                    "weights": {"file": WEIGHTS, "sha256": _cached_sha(tmp / WEIGHTS),
+                                "bytes": (tmp / WEIGHTS).stat().st_size, "shared": shared},
+                    "files": {f: _cached_sha(tmp / f) for f in files
+                              if f not in (WEIGHTS, MANIFEST, MARKER)}}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        write_model_card(tmp)
     return manifest
 
 
 def read_manifest(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a saved model; a clear :class:`CheckpointError` when it is missing,
+    not JSON, not an object, or lacks ``method`` / ``structure``."""
     path = Path(model_dir) / MANIFEST
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{str(path)!r} does not exist") from None
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{str(path)!r} is not valid JSON: {err}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{str(path)!r} is not a manifest: a JSON "
+                              f"{type(manifest).__name__}, not an object")
+    for key in ("method", "structure"):
+        if key not in manifest:
+            raise CheckpointError(f"{str(path)!r} lacks the required key {key!r}")
+    if not isinstance(manifest["method"], str) or not isinstance(manifest["structure"], dict):
+        raise CheckpointError(f"{str(path)!r}: 'method' must be a string and 'structure' an "
+                              "object")
+    if not isinstance(manifest.get("weights", {}), dict):
+        raise CheckpointError(f"{str(path)!r}: 'weights' must be an object")
+    return manifest
+
+
+def verify_files(model_dir: str | os.PathLike, recorded: dict[str, str], what: str) -> None:
+    """Raise :class:`CheckpointError` naming every file whose sha256 differs from ``recorded``."""
+    model_dir = Path(model_dir)
+    bad, missing = [], []
+    for name, digest in sorted(recorded.items()):
+        path = model_dir / name
+        if name in _REWRITABLE or name == MARKER or digest.startswith("symlink:"):
+            continue
+        if not path.is_file():
+            missing.append(name)
+        elif _cached_sha(path) != digest:
+            bad.append(name)
+    if missing:
+        raise CheckpointError(f"{str(model_dir)!r}: {missing} recorded in {what} are missing")
+    if bad:
+        raise CheckpointError(f"{str(model_dir)!r}: {bad} changed since the save (sha256 "
+                              f"differs from {what})")
+
+
+def verify_marker(directory: str | os.PathLike) -> None:
+    """Check a harness-written directory's files against its ``.flexigpt-output.json``
+    (no marker: nothing to check). Raises :class:`CheckpointError` naming what changed."""
+    marker = _read_json(Path(directory) / MARKER)
+    if isinstance(marker, dict) and isinstance(marker.get("files"), dict):
+        verify_files(directory, marker["files"], MARKER)
+
+
+def _skeleton_sharing(model: nn.Module) -> dict[str, str]:
+    return shared_names(model.state_dict())
+
+
+def _check_consistent(model_dir: Path, manifest: dict[str, Any], weights: Path,
+                      model: nn.Module) -> None:
+    """The structure in config.json and the sharing in the weights match the manifest."""
+    from flexigpt.export.checkpoint import compression_spec
+
+    spec = compression_spec(model_dir)
+    if spec is not None:
+        if spec.get("method") != manifest["method"]:
+            raise CheckpointError(f"{str(model_dir)!r}: manifest method {manifest['method']!r} "
+                                  f"differs from config.json's {spec.get('method')!r}")
+        if spec.get("structure") != manifest["structure"]:
+            keys = sorted(k for k in set(spec.get("structure") or {}) | set(manifest["structure"])
+                          if (spec.get("structure") or {}).get(k) != manifest["structure"].get(k))
+            raise CheckpointError(f"{str(model_dir)!r}: manifest structure differs from "
+                                  f"config.json's in {keys}")
+    in_file = file_sharing(weights)
+    rebuilt = _skeleton_sharing(model)
+    if in_file != rebuilt:
+        diff = sorted(set(in_file.items()) ^ set(rebuilt.items()))
+        raise CheckpointError(
+            f"{str(weights)!r}: the weights' sharing does not match the model the manifest's "
+            f"structure rebuilds (e.g. {[f'{a} <- {b}' for a, b in diff[:3]]}); was "
+            "manifest.json (base_map, structure) edited?")
+    recorded = manifest.get("weights", {}).get("shared")
+    if recorded is not None and recorded != in_file:
+        raise CheckpointError(f"{str(weights)!r}: sharing differs from manifest.json's "
+                              "weights.shared")
 
 
 def empty_model(config: Any) -> nn.Module:
@@ -144,7 +546,8 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
             checkpoint directory / hub id (loaded with ``load_model``; manifest None).
         dtype: dtype of the returned weights.
         device: device of the returned weights.
-        verify: check the weights' sha256 against the manifest before loading.
+        verify: check the sha256 of the weights and the other recorded files, the
+            structure in config.json and the weights' sharing against the manifest.
 
     Raises:
         CheckpointError: missing/corrupt files, checksum mismatch, or weights that do not
@@ -152,25 +555,35 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_model as st_load_model
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from flexigpt.export.checkpoint import family_config
     from flexigpt.models.loading import load_model, parse_dtype
     from flexigpt.registry import get_method
 
     model_dir = Path(model_dir)
     if not (model_dir / MANIFEST).is_file():
-        model, tok = load_model(str(model_dir), dtype=dtype, device=device)
+        model, tok = load_model(str(model_dir), dtype=dtype, device=device, verify=verify)
         return LoadedModel(model, tok, None)
     manifest = read_manifest(model_dir)
     weights = model_dir / manifest.get("weights", {}).get("file", WEIGHTS)
     if not weights.is_file():
         raise CheckpointError(f"weights file {str(weights)!r} is missing")
     if verify and "sha256" in manifest.get("weights", {}):
-        if sha256_file(weights) != manifest["weights"]["sha256"]:
+        if _cached_sha(weights) != manifest["weights"]["sha256"]:
             raise CheckpointError(f"weights file {str(weights)!r} is corrupt: its sha256 "
                                   "does not match manifest.json")
-    config = AutoConfig.from_pretrained(model_dir)
-    model = get_method(manifest["method"]).rebuild(config, manifest["structure"])
+    if verify and isinstance(manifest.get("files"), dict):
+        verify_files(model_dir, manifest["files"], "manifest.json")
+    config = family_config(model_dir)  # the family's config, also for self-contained dirs
+    try:
+        model = get_method(manifest["method"]).rebuild(config, manifest["structure"])
+    except (KeyError, ValueError, TypeError, IndexError) as err:
+        raise CheckpointError(f"{str(model_dir)!r}: cannot rebuild the {manifest['method']!r} "
+                              f"model from manifest.json's structure ({type(err).__name__}: "
+                              f"{err})") from None
+    if verify:
+        _check_consistent(model_dir, manifest, weights, model)
     try:
         missing, unexpected = st_load_model(model, str(weights), strict=False)
     except (SafetensorError, OSError, RuntimeError) as err:
@@ -179,7 +592,7 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
         raise CheckpointError(
             f"{str(weights)!r} does not match the rebuilt {manifest['method']} model: "
             f"missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, config=config)  # no remote-code prompt
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device=device, dtype=parse_dtype(dtype)).eval()

@@ -7,13 +7,34 @@ import argparse
 HELP = "compress a model with a registered method and save weights + manifest"
 
 
+class _RatioHelp(str):
+    """``--ratio``'s help, with each method's default ratio, computed only when shown."""
+
+    def __mod__(self, params: object) -> str:
+        import dataclasses
+
+        from flexigpt.registry import METHODS, get_method
+
+        defaults: dict[object, list[str]] = {}
+        for name in sorted(METHODS):
+            try:
+                cls = get_method(name).config_cls
+                fields = {f.name: f.default for f in dataclasses.fields(cls)}
+            except Exception:  # noqa: BLE001 - help text must not fail
+                continue
+            if "ratio" in fields:
+                defaults.setdefault(fields["ratio"], []).append(name)
+        shown = "; ".join(f"{v} ({', '.join(names)})" for v, names in defaults.items())
+        return f"{self} (default: the method's own: {shown or 'none'})"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from flexigpt.registry import METHODS
 
     p.add_argument("--method", required=True, choices=sorted(METHODS))
     p.add_argument("--model", required=True, help="local checkpoint dir or hub id")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--ratio", type=float, help="compression target in (0, 1)")
+    p.add_argument("--ratio", type=float, help=_RatioHelp("compression target in (0, 1)"))
     p.add_argument("--calibration", help="calibration text file (one document per paragraph)")
     p.add_argument("--n-calibration", type=int, default=128, help="calibration windows N")
     p.add_argument("--seq-len", type=int, default=512, help="calibration window length T")
@@ -24,7 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--option policy='\"matched\"'; repeatable")
     # Frequently used method options, as first-class flags.
     p.add_argument("--policy", help="flexigpt: block-count policy (paper|matched)")
-    p.add_argument("--rank", type=int, help="flexigpt: LoRA rank of replacement blocks")
+    p.add_argument("--rank", type=int, help="flexigpt: LoRA rank of replacement blocks "
+                                            "(default: hidden/16)")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it is not a previous output of compress")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
             options[key] = getattr(args, key)
     manifest = compress(args.method, args.model, args.out, options=options,
                         calibration=args.calibration, n_calibration=args.n_calibration,
-                        calibration_seq_len=args.seq_len, seed=args.seed, dtype=args.dtype)
+                        calibration_seq_len=args.seq_len, seed=args.seed, dtype=args.dtype,
+                        force=args.force)
     p = manifest["parameters"]
     print(f"{args.method}: {p['compressed']:,} / {p['dense']:,} parameters "
           f"(achieved ratio {p['achieved_ratio']:.4f}) -> {args.out}")

@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it is not a previous saved model")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rank is not None:
         options["rank"] = args.rank
     manifest = compress("flexigpt_extend", args.model, args.out, options=options,
-                        seed=args.seed, dtype=args.dtype)
+                        seed=args.seed, dtype=args.dtype, force=args.force)
     p = manifest["parameters"]
     print(f"flexigpt_extend: {manifest['info']['original_layers']} -> "
           f"{manifest['info']['layers']} blocks, {p['compressed']:,} / {p['dense']:,} parameters "

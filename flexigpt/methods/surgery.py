@@ -157,3 +157,56 @@ def sharing_summary(model: nn.Module) -> dict[str, int]:
             gammas += module.gamma.numel()
     return {"unique": count_parameters(model), "adapters": adapters, "output_norms": gammas,
             "shared_linears": sum(shared.values())}
+
+
+def largest_useful_rank(adapter: ArchAdapter, block: nn.Module, added_fixed: int = 0,
+                        removed_fixed: int = 0) -> int:
+    """The largest LoRA rank at which a weight-shared copy of ``block`` is still smaller than
+    the block's own linears (0 when no rank is): Σ min(r, out, in)·(in + out) + ``added_fixed``
+    < linears + ``removed_fixed``. The adapter size only grows with r (binary search)."""
+    removed = linear_numel(adapter, block) + removed_fixed
+    full = max(min(lin.weight.shape) for lin in adapter.block_linears(block).values())
+
+    def net(r: int) -> int:
+        added = adapter_numel(adapter, block, matrix_ranks(adapter, block, r))
+        return removed - added - added_fixed
+
+    lo, hi = 0, full  # net(lo) > 0 invariant (r = 0: nothing added)
+    if net(0) <= 0:
+        return 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if net(mid) > 0:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def check_rank(adapter: ArchAdapter, block: nn.Module, rank: int, hidden_size: int,
+               output_norm: bool, prenorm: str = "copy") -> None:
+    """Raise ``ValueError`` (naming the largest useful rank) when replacement blocks of
+    ``rank`` would not be smaller than the linears they replace (achieved ratio ≤ 0)."""
+    added = 2 * hidden_size if output_norm else 0
+    removed = prenorm_numel(adapter, block) if prenorm == "share" else 0
+    best = largest_useful_rank(adapter, block, added, removed)
+    if rank > best:
+        if best == 0:
+            raise ValueError(f"rank {rank}: no LoRA rank makes a replacement block smaller than "
+                             "the block it replaces in this model")
+        raise ValueError(
+            f"rank {rank} is too large to compress: a replacement block's adapters would be at "
+            f"least as large as the linears they replace (the model would not shrink); the "
+            f"largest useful rank for this model is {best}")
+
+
+def check_flexigpt_rank(model: nn.Module, cfg: object) -> None:
+    """:func:`check_rank` for a FlexiGPT pruning config (``rank`` None → hidden/16) on
+    ``model``, before any work. Called by ``flexigpt.api.compress``."""
+    from flexigpt.models.adapters import get_adapter
+
+    adapter = get_adapter(model)
+    hidden = model.config.hidden_size
+    rank = getattr(cfg, "rank", None) or default_rank(hidden)
+    check_rank(adapter, adapter.layers(model)[0], rank, hidden, getattr(cfg, "output_norm", True),
+               getattr(cfg, "prenorm", "copy"))

@@ -88,39 +88,39 @@ class NextTokenCrossEntropy(torch.autograd.Function):
 
     Equal to ``F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())``
     (and its gradient), without the fp32 copy of the logits, the saved fp32 log-softmax and
-    the zero-padded slice gradient: the forward keeps only the per-row log-sum-exp, the
-    backward writes ``(softmax − onehot)/N`` straight into a gradient of the logits' dtype.
+    the zero-padded slice gradient: the forward keeps nothing but the inputs, the backward
+    recomputes each chunk's softmax and writes ``(softmax − onehot)/N`` straight into a
+    gradient of the logits' dtype. Chunks are contiguous row ranges of one sequence.
     """
 
     @staticmethod
+    def _chunks(b: int, t: int):
+        for i in range(b):
+            for start in range(0, t - 1, CHUNK_ROWS):
+                yield i, start, min(start + CHUNK_ROWS, t - 1)
+
+    @staticmethod
     def forward(ctx, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        b, t, v = logits.shape
-        flat = logits.view(b * t, v)
-        rows = torch.arange(b * t, device=logits.device).view(b, t)[:, :-1].reshape(-1)
-        targets = ids[:, 1:].reshape(-1)
-        lse = torch.empty(rows.numel(), dtype=torch.float32, device=logits.device)
+        b, t, _ = logits.shape
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        for start in range(0, rows.numel(), CHUNK_ROWS):
-            sl = slice(start, start + CHUNK_ROWS)
-            chunk = flat[rows[sl]].float()
-            lse[sl] = torch.logsumexp(chunk, dim=-1)
-            total += (lse[sl] - chunk.gather(1, targets[sl, None]).squeeze(1)).sum()
-        ctx.save_for_backward(logits, rows, targets, lse)
-        return total / rows.numel()
+        for i, start, end in NextTokenCrossEntropy._chunks(b, t):
+            logp = torch.log_softmax(logits[i, start:end].float(), dim=-1)
+            total -= logp.gather(1, ids[i, start + 1:end + 1, None]).sum()
+        ctx.save_for_backward(logits, ids)
+        return total / (b * (t - 1))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102
-        logits, rows, targets, lse = ctx.saved_tensors
-        b, t, v = logits.shape
+        logits, ids = ctx.saved_tensors
+        b, t, _ = logits.shape
         out = torch.empty_like(logits)
         out[:, -1].zero_()
-        flat_out, flat = out.view(b * t, v), logits.view(b * t, v)
-        scale = grad.float() / rows.numel()
-        for start in range(0, rows.numel(), CHUNK_ROWS):
-            sl = slice(start, start + CHUNK_ROWS)
-            probs = torch.exp(flat[rows[sl]].float() - lse[sl, None])
-            probs.scatter_add_(1, targets[sl, None], torch.full_like(lse[sl, None], -1.0))
-            flat_out[rows[sl]] = (probs * scale).to(out.dtype)
+        scale = grad.float() / (b * (t - 1))
+        for i, start, end in NextTokenCrossEntropy._chunks(b, t):
+            probs = torch.softmax(logits[i, start:end].float(), dim=-1)
+            rows = torch.arange(end - start, device=logits.device)
+            probs[rows, ids[i, start + 1:end + 1]] -= 1.0
+            out[i, start:end] = probs.mul_(scale)
         return out, None
 
 

@@ -1,0 +1,205 @@
+"""``write_model_card(dir, result_json=None)``: a README.md model card from the manifest.
+
+The card states what the directory holds (method, requested and achieved ratio, parameters,
+what is shared or removed, recovery training, provenance) and how to load it; with a
+schema-1 result JSON (``flexigpt.evaluation.results``) it adds perplexity and zero-shot
+scores with 95 % intervals (±1.96 · stderr). ``save_compressed`` writes one into every
+saved model directory; call it again with the result JSON once the model is evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+CARD = "README.md"
+
+_WHAT = {
+    "dense": "the unpruned reference model",
+    "flexigpt": "FlexiGPT pruning: low-Block-Influence blocks replaced by weight-shared blocks "
+                "(another block's linears + block-specific LoRA + output norms)",
+    "flexigpt_extend": "FlexiGPT extension: blocks repeated with shared linears + LoRA",
+    "shortgpt": "ShortGPT: the lowest-Block-Influence blocks removed",
+    "shortgpt_lora": "ShortGPT + LoRA recovery (merged back into the linears)",
+    "slicegpt": "SliceGPT: PCA rotation and slicing of the residual stream",
+    "llm_pruner": "LLM-Pruner (block-wise): Taylor-pruned attention groups and FFN channels",
+}
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or value is None:
+        return "–" if value is None else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _structure_lines(method: str, manifest: dict[str, Any]) -> list[str]:
+    s, info = manifest.get("structure") or {}, manifest.get("info") or {}
+    params = info.get("params") or {}
+    if method == "flexigpt":
+        pairs = ", ".join(f"{i}←{j}" for i, j in sorted((s.get("base_map") or {}).items(),
+                                                         key=lambda kv: int(kv[0])))
+        lines = [f"- replaced blocks ← the base block whose linears they share: {pairs}",
+                 f"- LoRA ranks per linear: {json.dumps(s.get('ranks'))}",
+                 f"- output norm (LayerNorm·γ on attention/MLP outputs): {s.get('output_norm')}",
+                 f"- pre-norms of replaced blocks: {s.get('prenorm')}"]
+    elif method == "flexigpt_extend":
+        lines = [f"- {s.get('original_layers')} → {len(s.get('layout') or [])} blocks; source "
+                 f"block of every position: {s.get('layout')}",
+                 f"- LoRA ranks per linear: {json.dumps(s.get('ranks'))}",
+                 f"- output norm on repeats: {s.get('output_norm')}"]
+    elif method in ("shortgpt", "shortgpt_lora"):
+        lines = [f"- removed blocks {s.get('removed_blocks')} of {s.get('dense_blocks')}; "
+                 "nothing is shared"]
+    elif method == "slicegpt":
+        plan = s.get("plan") or {}
+        lines = [f"- residual width {plan.get('embed')} of {s.get('hidden_size')} (per block "
+                 f"out: {plan.get('out')}), head {plan.get('head')}",
+                 "- shortcut matrices on the residual path; norms fused into the linears"]
+    elif method == "llm_pruner":
+        lines = [f"- query heads per layer: {s.get('num_attention_heads')}",
+                 f"- KV heads per layer: {s.get('num_key_value_heads')}",
+                 f"- FFN width per layer: {s.get('intermediate_size')}"]
+    else:
+        lines = [f"- structure: `{json.dumps(s)[:300]}`"] if s else ["- nothing changed"]
+    if params.get("shared_linears") or params.get("adapters"):
+        lines.append(f"- shared base-linear parameters (stored once): "
+                     f"{_num(params.get('shared_linears'))}; LoRA adapters: "
+                     f"{_num(params.get('adapters'))}; output-norm γ: "
+                     f"{_num(params.get('output_norms'))}")
+    return lines
+
+
+def _recovery_lines(manifest: dict[str, Any]) -> list[str]:
+    trained = [h for h in manifest.get("history") or [] if h.get("stage") == "train"
+               or "tokens" in h]
+    if not trained:
+        recipe = ((manifest.get("info") or {}).get("recovery") or {}).get("recipe")
+        return [f"- none: one-shot compression (the method's recovery recipe: {recipe})"]
+    out = []
+    for h in trained:
+        out.append(f"- recipe {h.get('recipe', h.get('trained'))}: {_num(h.get('tokens'))} tokens, "
+                   f"{_num(h.get('steps'))} steps, loss {h.get('loss', 'lm')}, held-out PPL "
+                   f"{_num(h.get('ppl_before'), 2)} → {_num(h.get('final_ppl'), 2)}"
+                   + (", LoRA merged" if h.get("lora_merged") else ""))
+    return out
+
+
+def _score_lines(result: dict[str, Any]) -> list[str]:
+    out = []
+    ppl = result.get("perplexity")
+    if ppl:
+        out.append(f"Perplexity {_num(ppl.get('value'), 3)} on `{ppl.get('text')}` "
+                   f"({ppl.get('n_windows')} × {ppl.get('seq_len')} tokens).\n")
+    tasks = result.get("tasks") or {}
+    if tasks:
+        out += ["| task | metric | value | 95 % interval | docs |", "|---|---|---|---|---|"]
+        for name, e in tasks.items():
+            v, se = e.get("value"), e.get("stderr")
+            ci = (f"[{v - 1.96 * se:.4f}, {v + 1.96 * se:.4f}]"
+                  if isinstance(v, (int, float)) and isinstance(se, (int, float)) else "–")
+            out.append(f"| {name} | {e.get('metric')} | {_num(v)} | {ci} | {e.get('n_docs')} |")
+        lm = result.get("lm_eval") or {}
+        out.append(f"\nlm-eval {lm.get('version')}, {lm.get('num_fewshot', 0)}-shot, backend "
+                   f"{lm.get('backend', '–')}; result file written {result.get('created')}.")
+    return out or ["(the result JSON holds no scores)"]
+
+
+def _load_lines(remote: bool | None) -> list[str]:
+    trust = ", trust_remote_code=True" if remote else ""
+    lines = ["```python",
+             "from transformers import AutoModelForCausalLM, AutoTokenizer",
+             'model_dir = "path/to/this/directory"',
+             f"model = AutoModelForCausalLM.from_pretrained(model_dir{trust})",
+             f"tokenizer = AutoTokenizer.from_pretrained(model_dir{trust})",
+             "```"]
+    if remote:
+        lines.insert(0, "Not a stock architecture: `config.json` has `model_type: "
+                        "flexigpt_compressed` and `auto_map` pointing at "
+                        "`modeling_flexigpt_compressed.py` (needs only torch + transformers); "
+                        "without `trust_remote_code=True` transformers refuses to load it.")
+    elif remote is False:
+        lines = ["Not a stock architecture and no standalone loader: load it with "
+                 "`flexigpt.load_compressed(dir)` from flexigpt-bench."]
+    else:
+        lines.insert(0, "A stock transformers checkpoint.")
+    lines += ["", "Stock lm-eval (data: see flexigpt-bench's README, \"Loading compressed models "
+              "elsewhere\"):", "```",
+              "lm_eval --model hf --model_args pretrained=path/to/this/directory"
+              f"{',trust_remote_code=True' if remote else ''},add_bos_token=False,dtype=float32 "
+              "--tasks arc_easy", "```",
+              "Within flexigpt-bench: `flexigpt.load_compressed(dir)`; a stock-architecture "
+              "copy where exact: `flexigpt export DIR --out OUT`."]
+    return lines
+
+
+def write_model_card(model_dir: str | os.PathLike,
+                     result_json: str | os.PathLike | None = None) -> Path:
+    """Write ``model_dir/README.md`` from ``manifest.json`` (and ``result_json``).
+
+    Returns:
+        The card's path.
+
+    Raises:
+        FileNotFoundError: ``model_dir`` has no manifest.json, or ``result_json`` is missing.
+    """
+    from flexigpt.artifacts import MANIFEST, atomic_write_text, read_manifest
+    from flexigpt.export.checkpoint import compression_spec
+
+    model_dir = Path(model_dir)
+    if not (model_dir / MANIFEST).is_file():
+        raise FileNotFoundError(f"{str(model_dir / MANIFEST)!r} does not exist")
+    manifest = read_manifest(model_dir)
+    result = None
+    if result_json is not None:
+        result = json.loads(Path(result_json).read_text(encoding="utf-8"))
+    method = manifest.get("method", "?")
+    spec = compression_spec(model_dir)
+    remote = None if spec is None else bool(spec.get("remote_code"))
+    params = manifest.get("parameters") or {}
+    cfg = manifest.get("config") or {}
+    try:
+        layers = json.loads((model_dir / "config.json").read_text()).get("num_hidden_layers")
+    except (OSError, json.JSONDecodeError):
+        layers = None
+    base = manifest.get("base_model")
+    prov = manifest.get("provenance") or manifest
+    lines = ["---", "library_name: transformers", "tags:", "- flexigpt-bench",
+             f"- {method}", "---", "",
+             f"# {method} · {base or 'unknown base model'}", "",
+             f"{_WHAT.get(method, method)}. Written by flexigpt-bench.", "",
+             "| | |", "|---|---|",
+             f"| method | `{method}` |",
+             f"| base model | `{base}` |",
+             f"| requested ratio | {_num(cfg.get('ratio'))} (policy {cfg.get('policy', '–')}) |",
+             f"| achieved ratio | {_num(params.get('achieved_ratio'))} "
+             "(1 − params/dense, shared storage once) |",
+             f"| parameters | {_num(params.get('compressed'))} of {_num(params.get('dense'))} |",
+             f"| layers | {_num(layers)} |",
+             f"| stock architecture | {'yes' if spec is None else 'no'} |", "",
+             "## What is shared or removed", "", *_structure_lines(method, manifest), "",
+             "## Recovery training", "", *_recovery_lines(manifest), ""]
+    if result is not None:
+        lines += ["## Scores", "", *_score_lines(result), ""]
+    calib = manifest.get("calibration") or {}
+    versions = prov.get("versions") or {}
+    lines += ["## Loading", "", *_load_lines(remote), "",
+              "## Provenance", "",
+              f"- created {manifest.get('created', '–')}, seed {manifest.get('seed', '–')}, "
+              f"dtype {manifest.get('dtype', '–')}",
+              f"- code version {prov.get('code_version', '–')}, git commit "
+              f"{prov.get('git_commit', '–')}",
+              f"- packages: {', '.join(f'{k} {v}' for k, v in versions.items()) or '–'}",
+              f"- calibration: {calib.get('n_windows', '–')} × {calib.get('seq_len', '–')} "
+              f"tokens of `{calib.get('file', '–')}`" if calib else "- calibration: none",
+              f"- options: `{json.dumps(cfg, sort_keys=True)}`",
+              f"- weights sha256 {(manifest.get('weights') or {}).get('sha256', '–')}",
+              "- full record: `manifest.json`", ""]
+    path = model_dir / CARD
+    atomic_write_text(path, "\n".join(lines))
+    return path

@@ -1,0 +1,191 @@
+"""Self-contained checkpoints: what ``save_compressed`` adds so plain ``transformers`` loads a dir.
+
+A saved model is *plain* when a stock ``AutoModelForCausalLM.from_config(config)`` has exactly
+its parameter names, shapes and sharing and every module is a torch/transformers class (dense,
+ShortGPT, merged ShortGPT + LoRA). Its ``config.json`` stays the family's own.
+
+Any other model gets, in ``config.json``, ``model_type = "flexigpt_compressed"`` (a type plain
+transformers does not know, so ``AutoModelForCausalLM.from_pretrained(dir)`` refuses instead
+of half-loading), ``architectures`` naming the remote class, ``auto_map`` pointing at
+``modeling_flexigpt_compressed.py`` (copied into the dir) and ``flexigpt_compression``:
+``{"format", "method", "structure", "base_model_type", "base_architectures", "not_plain"}``.
+Before writing ``auto_map`` the standalone replay is built on the meta device and its
+parameter names/shapes/sharing are compared with the model's; a method the standalone file
+cannot replay (or a mismatch) keeps the custom type but gets no ``auto_map``
+(``remote_code: false`` with the reason), so only ``flexigpt.load_compressed`` loads it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from flexigpt.export import modeling_flexigpt_compressed as standalone
+
+log = logging.getLogger(__name__)
+
+MODELING_FILE = "modeling_flexigpt_compressed.py"
+MODEL_TYPE, KEY, FORMAT = standalone.MODEL_TYPE, standalone.KEY, standalone.FORMAT
+#: config.json keys written for a non-plain model (removed again by :func:`base_config_dict`)
+ADDED_KEYS = ("auto_map", KEY)
+
+
+def _meta_skeleton(build: Any) -> nn.Module:
+    from transformers.initialization import no_init_weights
+
+    with torch.device("meta"), no_init_weights():
+        model = build()
+    model.tie_weights()
+    return model
+
+
+def _signature(model: nn.Module, meta: bool) -> tuple[dict[str, tuple[int, ...]], set]:
+    """``({state-dict name: shape}, {frozenset of names sharing one tensor})``.
+
+    Sharing is by storage for real tensors (what safetensors deduplicates) and by object
+    identity on the meta device.
+    """
+    shapes, groups = {}, {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        shapes[name] = tuple(t.shape)
+        key = id(t) if meta or t.device.type == "meta" else (
+            t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        groups.setdefault(key, set()).add(name)
+    return shapes, {frozenset(g) for g in groups.values() if len(g) > 1}
+
+
+def _compare(mine: nn.Module, ref: nn.Module) -> str | None:
+    a_shapes, a_groups = _signature(mine, meta=False)
+    b_shapes, b_groups = _signature(ref, meta=True)
+    if a_shapes.keys() != b_shapes.keys():
+        extra, missing = sorted(a_shapes.keys() - b_shapes), sorted(b_shapes.keys() - a_shapes)
+        return (f"{len(extra)} parameters a stock model lacks (e.g. {extra[:3]}) and "
+                f"{len(missing)} it expects that are absent (e.g. {missing[:3]})")
+    bad = [k for k in a_shapes if a_shapes[k] != b_shapes[k]]
+    if bad:
+        return (f"{len(bad)} parameters with other shapes, e.g. {bad[0]} "
+                f"{list(a_shapes[bad[0]])} vs {list(b_shapes[bad[0]])}")
+    if a_groups != b_groups:
+        diff = sorted(sorted(g) for g in a_groups ^ b_groups)[0]
+        return f"parameters shared differently, e.g. {diff[:3]}"
+    return None
+
+
+def plain_mismatch(model: nn.Module) -> str | None:
+    """Why ``model`` is not a stock checkpoint of ``model.config`` (None when it is)."""
+    from transformers import AutoModelForCausalLM
+
+    foreign = sorted({type(m).__name__ for m in model.modules()
+                      if type(m).__module__.split(".")[0] not in ("torch", "transformers")})
+    if foreign:
+        return f"modules that stock transformers does not have: {foreign}"
+    try:
+        ref = _meta_skeleton(lambda: AutoModelForCausalLM.from_config(copy.deepcopy(model.config)))
+    except (ValueError, KeyError, TypeError) as err:
+        return f"no stock architecture for its config ({err})"
+    return _compare(model, ref)
+
+
+def remote_mismatch(model: nn.Module, config_dict: dict[str, Any]) -> str | None:
+    """Why the standalone remote code would *not* rebuild ``model`` from ``config_dict``."""
+    spec = config_dict[KEY]
+    if spec["method"] not in standalone.REPLAY:
+        return f"the standalone loader cannot replay method {spec['method']!r}"
+    if spec["base_model_type"] not in standalone.FAMILIES:
+        return (f"the standalone loader has no class for model type "
+                f"{spec['base_model_type']!r} (has {sorted(standalone.FAMILIES)})")
+    cls = getattr(standalone, standalone.FAMILIES[spec["base_model_type"]][1])
+    try:
+        config = cls.config_class.from_dict(copy.deepcopy(config_dict))
+        ref = _meta_skeleton(lambda: cls(config))
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        return f"the standalone loader fails on this structure: {type(err).__name__}: {err}"
+    return _compare(model, ref)
+
+
+def base_config_dict(config_dict: dict[str, Any]) -> dict[str, Any]:
+    """The family's own config dict (undoes :func:`make_self_contained`'s changes)."""
+    spec = config_dict.get(KEY)
+    if not isinstance(spec, dict):
+        return dict(config_dict)
+    out = {k: v for k, v in config_dict.items() if k not in ADDED_KEYS}
+    out["model_type"] = spec["base_model_type"]
+    if spec.get("base_architectures") is not None:
+        out["architectures"] = spec["base_architectures"]
+    else:
+        out.pop("architectures", None)
+    return out
+
+
+def family_config(model_dir: str | os.PathLike) -> Any:
+    """The family config (``LlamaConfig`` …) of a saved dir, self-contained or plain."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = Path(model_dir) / "config.json"
+    try:
+        config_dict = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return AutoConfig.from_pretrained(model_dir)  # its own error message
+    if KEY not in config_dict:
+        return AutoConfig.from_pretrained(model_dir)
+    base = base_config_dict(config_dict)
+    config = CONFIG_MAPPING[base["model_type"]].from_dict(base)
+    config._name_or_path = str(model_dir)
+    return config
+
+
+def compression_spec(model_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``config.json[flexigpt_compression]`` of a saved dir (None for a plain checkpoint)."""
+    try:
+        spec = json.loads((Path(model_dir) / "config.json").read_text()).get(KEY)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
+def make_self_contained(model_dir: str | os.PathLike, model: nn.Module,
+                        manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """Rewrite ``model_dir/config.json`` (written by ``config.save_pretrained``) so stock
+    transformers either loads the model exactly (remote code) or refuses it.
+
+    Returns:
+        The ``flexigpt_compression`` entry written, or None for a plain model.
+    """
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    written = json.loads(path.read_text())
+    config_dict = base_config_dict(written)
+    reason = plain_mismatch(model)
+    if reason is None:
+        if config_dict != written:  # a model loaded through the remote code, saved again
+            path.write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+        return None
+    base_type = config_dict.get("model_type")
+    spec = {"format": FORMAT, "method": manifest["method"], "structure": manifest["structure"],
+            "base_model_type": base_type, "base_architectures": config_dict.get("architectures"),
+            "not_plain": reason}
+    out = {**config_dict, "model_type": MODEL_TYPE, KEY: spec}
+    remote = remote_mismatch(model, out)
+    if remote is None:
+        config_cls, model_cls = standalone.FAMILIES[base_type]
+        out["architectures"] = [model_cls]
+        out["auto_map"] = {"AutoConfig": f"{MODELING_FILE[:-3]}.{config_cls}",
+                           "AutoModelForCausalLM": f"{MODELING_FILE[:-3]}.{model_cls}"}
+        spec["remote_code"] = True
+        shutil.copyfile(Path(standalone.__file__), model_dir / MODELING_FILE)
+    else:
+        spec.update(remote_code=False, remote_code_reason=remote)
+        out["architectures"] = ["FlexiGPTCompressedForCausalLM"]
+        log.warning("%s: no remote code written (%s); the checkpoint loads with "
+                    "flexigpt.load_compressed only", model_dir, remote)
+    path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    return spec
