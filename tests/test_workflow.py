@@ -91,10 +91,13 @@ def test_grid_of_default_config():
     # like-for-like links of Table 1 and the paper protocol
     lora = grid.run("smollm2-135m", "shortgpt_lora", "default", "r0.3")
     assert lora.match == lora.budget == flexi.key and lora.table == "main"
-    paper = grid.run("smollm2-135m", "shortgpt_lora", "paper", "r0.4")
-    assert paper.budget == ("smollm2-135m", "flexigpt", "paper", "r0.4") and paper.match is None
+    paper = grid.run("smollm2-135m", "shortgpt_lora", "paper", "r0.3")
+    assert paper.budget == ("smollm2-135m", "flexigpt", "paper", "r0.3") and paper.match is None
     assert paper.compress_params()["options"]["policy"] == "paper"
-    assert paper.lr_from == lora.key[:3] + ("r0.4",)
+    assert paper.lr_from == lora.key
+    assert ("smollm2-135m", "flexigpt", "paper", "r0.4") not in grid.runs  # ratios: [0.3]
+    lora_all = grid.run("smollm2-135m", "flexigpt", "lora_all", "r0.4")
+    assert lora_all.lr_from == lora_all.budget == flexi.key[:3] + ("r0.4",)
     every = {(r.method, r.variant) for r in grid.runs.values() if r.recovery}
     assert {("slicegpt", "rft"), ("llm_pruner", "lora"), ("flexigpt", "lora_all")} <= every
     kd = grid.run("smollm2-135m", "flexigpt", "kd", "r0.3")
