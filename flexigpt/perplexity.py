@@ -21,26 +21,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 
-@torch.no_grad()
 def window_nll(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
                progress: bool = False) -> tuple[float, int]:
-    """Summed next-token NLL (fp32) and number of predicted tokens over ``windows [N, T]``."""
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    was_training = model.training
-    model.eval()
-    try:
-        for start in tqdm(range(0, windows.shape[0], batch_size), desc="perplexity",
-                          disable=not progress):
-            ids = windows[start:start + batch_size].to(device)
-            logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-            nll = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                              ids[:, 1:].reshape(-1), reduction="sum")
-            total += float(nll)
-            count += ids[:, 1:].numel()
-    finally:
-        model.train(was_training)
-    return total, count
+    """Summed next-token NLL (fp32) and number of predicted tokens over ``windows [N, T]``
+    (the totals of :func:`window_nlls`)."""
+    nlls = window_nlls(model, windows, batch_size, progress)
+    return nlls.total, nlls.count
 
 
 def perplexity(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,

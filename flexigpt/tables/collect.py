@@ -71,6 +71,16 @@ class Inputs:
     selections: list[Path] = field(default_factory=list)
 
 
+def _read_schema1(path: Path) -> dict[str, Any]:
+    """A JSON object with ``"schema": 1`` (ResultFileError naming the file otherwise)."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ResultFileError(path, "top level must be a JSON object")
+    if _need(path, data, "schema", int) != 1:
+        raise ResultFileError(path, f"unsupported schema {data['schema']!r} (expected 1)")
+    return data
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Parse a JSON file; missing → FileNotFoundError, bad JSON → ResultFileError."""
     path = Path(path)
@@ -227,11 +237,7 @@ def parse_result(path: str | os.PathLike) -> dict[str, Any]:
     ``recovery is not None`` when the file has ``recovery``.
     """
     path = Path(path)
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise ResultFileError(path, "top level must be a JSON object")
-    if _need(path, data, "schema", int) != 1:
-        raise ResultFileError(path, f"unsupported schema {data['schema']!r} (expected 1)")
+    data = _read_schema1(path)
     _need(path, data, "method", str)
     labels = _need(path, data, "labels", dict)
     params = _need(path, data, "parameters", dict)
@@ -449,11 +455,7 @@ def read_selection(path: str | os.PathLike) -> pd.DataFrame:
     trial with the chosen rates) must exist, agree with ``chosen`` and not be diverged.
     """
     path = Path(path)
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise ResultFileError(path, "top level must be a JSON object")
-    if _need(path, data, "schema", int) != 1:
-        raise ResultFileError(path, f"unsupported schema {data['schema']!r} (expected 1)")
+    data = _read_schema1(path)
     run = _need(path, data, "run", str)
     parts = run.split("/")
     if len(parts) != 4 or not all(parts):
