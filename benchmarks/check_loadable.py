@@ -45,7 +45,7 @@ def main() -> int:
 
     report: dict = {"model_dir": args.model_dir}
     try:
-        AutoModelForCausalLM.from_pretrained(args.model_dir)
+        AutoModelForCausalLM.from_pretrained(args.model_dir, trust_remote_code=False)
         report["plain_load"] = "loaded (a plain checkpoint)"
     except Exception as err:  # the refusal is the expected outcome for non-plain models
         report["plain_load"] = f"refused: {str(err).splitlines()[0][:200]}"
