@@ -28,6 +28,7 @@ from flexigpt.block_influence import lowest_blocks, scores_for
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import compression_ratio, count_parameters
 from flexigpt.registry import CompressionResult, Method
+from flexigpt.training.lora import lora_params_per_rank
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,7 @@ def choose_k(model: nn.Module, scores: list[float], cfg: ShortGPTConfig) -> tupl
 
 def _linear_width(adapter: ArchAdapter, block: nn.Module) -> int:
     """Σ (in_features + out_features) over a block's linears: LoRA parameters per unit rank."""
-    return sum(lin.in_features + lin.out_features
-               for lin in adapter.block_linears(block).values())
+    return lora_params_per_rank(list(adapter.block_linears(block).items()))
 
 
 def lora_budget(adapter: ArchAdapter, removed: list[nn.Module], remaining: list[nn.Module],

@@ -1,8 +1,9 @@
 """Learning-rate selection on the tuning split: one trained model per trial, keep the best.
 
 A *trial* is one recovery run of a model at one point of its recipe's tuning grid (``lr``,
-and ``gamma_lr`` for the ``flexigpt`` recipe). :func:`train_trial` trains it and writes
-``trial.json`` into its directory: the trial's point, its tuning-split perplexity before and
+and ``gamma_lr`` for the ``flexigpt`` recipe). The DAG's ``train_trial`` rule
+(``workflow/scripts/train.py``) trains it and writes ``trial.json`` (:func:`trial_record`,
+:func:`diverged_record`) into its directory: the trial's point, its tuning-split perplexity before and
 after training (``final_ppl`` of the trainer, whose ``validation`` text is the tuning split)
 or ``diverged``. :func:`select_trial` keeps the trial with the lowest finite tuning
 perplexity (ties: the earlier trial), links its files into the run's ``trained/`` directory
