@@ -80,10 +80,9 @@ def window_nlls(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
             ids = windows[start:start + batch_size].to(device)
             logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
             flat, target = logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
-            nll = nn.functional.cross_entropy(flat, target, reduction="sum")
-            total += float(nll)
-            count += ids[:, 1:].numel()
             tok = nn.functional.cross_entropy(flat, target, reduction="none")
+            total += float(tok.sum())
+            count += ids[:, 1:].numel()
             per_nll.extend(tok.view(ids.shape[0], -1).double().sum(dim=1).tolist())
             per_tok.extend([ids.shape[1] - 1] * ids.shape[0])
     finally:

@@ -223,3 +223,31 @@ def test_measure_inference_and_timing_json(tmp_path, tiny_tokenizer):
     collect = pytest.importorskip("flexigpt.tables.collect")
     df = collect.parse_timing(tmp_path / "tiny" / "inference.json")
     assert list(df["method"]) == ["dense", "shortgpt"]
+
+
+def test_autocast_rule_and_bf16_scoring(bench_dir, tiny_checkpoint, text_file, tmp_path):
+    """``autocast_dtype``: one resolution rule (flexigpt.precision), refused with the stock
+    backend, applied to perplexity and tasks alike and recorded in the result."""
+    import torch
+
+    from flexigpt.evaluation.results import EvalConfig
+    from flexigpt.precision import native_bf16, resolve_autocast
+
+    assert resolve_autocast(None, "cpu") is None and resolve_autocast("none", "cpu") is None
+    assert resolve_autocast("bfloat16", "cpu") is torch.bfloat16
+    assert resolve_autocast("auto", "cpu") is (torch.bfloat16 if native_bf16("cpu") else None)
+    with pytest.raises(ValueError, match="autocast must be"):
+        resolve_autocast("int8", "cpu")
+    with pytest.raises(ValueError, match="needs backend 'fast'"):
+        EvalConfig(backend="hf", autocast_dtype="bfloat16", ppl_text=str(text_file))
+    opts = {"tasks": ["arc_easy"], "limit": 3, "benchmarks_dir": str(bench_dir),
+            "ppl_text": str(text_file), "ppl_seq_len": 64, "ppl_windows": 4, "batch_size": 4}
+    fp32 = evaluate_model(tiny_checkpoint, tmp_path / "a.json", **opts)
+    bf16 = evaluate_model(tiny_checkpoint, tmp_path / "b.json", autocast_dtype="bfloat16",
+                          **opts)
+    assert fp32["perplexity"]["autocast"] is None
+    assert bf16["perplexity"]["autocast"] == "bfloat16"
+    assert bf16["lm_eval"]["config"]["fast"]["autocast_dtype"] == "bfloat16"
+    # bf16 changes the numbers a little, never by much on a tiny model
+    assert bf16["perplexity"]["value"] != fp32["perplexity"]["value"]
+    assert bf16["perplexity"]["value"] == pytest.approx(fp32["perplexity"]["value"], rel=0.05)

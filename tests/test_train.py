@@ -154,7 +154,10 @@ def test_resume_is_exact(tiny_checkpoint, text_file, tmp_path):
     resumed: dict[int, float] = {}
     manifest = train_model(tiny_checkpoint, out, cfg, text_file, text_file,
                            on_step=lambda s, loss: resumed.__setitem__(s, loss))
-    assert manifest["history"][-1]["resumed_from_step"] == 2
+    entry = manifest["history"][-1]
+    assert entry["resumed_from_step"] == 2
+    # the tune-split perplexity is taken in the loop's compute dtype, start and end alike
+    assert entry["eval_dtype"] == ("bfloat16" if entry["bf16"] else "float32")
     assert resumed == {s: full_losses[s] for s in range(3, 7)}  # bit-equal losses
     rows_a, rows_b = read_log(tmp_path / "a"), read_log(out)
     assert rows_a == rows_b

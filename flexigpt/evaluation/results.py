@@ -96,6 +96,12 @@ class EvalConfig:
             raise ValueError(f"source must be 'local' or 'hub', got {self.source!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        from flexigpt.precision import resolve_autocast
+
+        resolve_autocast(self.autocast_dtype, "cpu")  # raises on an unknown spelling
+        if self.autocast_dtype not in (None, "none") and self.backend != "fast":
+            raise ValueError(f"autocast_dtype {self.autocast_dtype!r} needs backend 'fast' "
+                             f"(stock lm-eval scores in the model's dtype)")
         if not isinstance(self.labels, dict) or not all(isinstance(k, str) for k in self.labels):
             raise ValueError(f"labels must be a dict with str keys, got {self.labels!r}")
         if not self.tasks and self.ppl_text is None:
@@ -117,7 +123,10 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
             (``local``|``hub``), ``benchmarks_dir``, ``ppl_text`` (None = no perplexity),
             ``ppl_seq_len``, ``ppl_windows`` (None = every full window), ``batch_size``,
             ``backend`` (``fast``|``hf``), ``dtype``, ``device``, ``add_bos_token``,
-            ``autocast_dtype`` (fast backend), ``labels`` (free dict copied to the JSON).
+            ``autocast_dtype`` (fast backend: None = fp32, ``auto`` = bf16 where the device
+            runs it natively (:mod:`flexigpt.precision`), ``bfloat16``, ``float16``; used for
+            perplexity and tasks alike, the resolved dtype is recorded), ``labels`` (free
+            dict copied to the JSON).
 
     Returns:
         The result dict that was written.
@@ -126,7 +135,12 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
     from flexigpt.params import count_parameters
     from flexigpt.provenance import provenance
 
+    import torch
+
+    from flexigpt.precision import dtype_name, resolve_autocast
+
     cfg = EvalConfig(**options)
+    autocast = resolve_autocast(cfg.autocast_dtype, cfg.device)
     specs = task_specs(cfg.tasks, cfg.source, cfg.benchmarks_dir) if cfg.tasks else []
     loaded = load_compressed(model_dir_or_spec, dtype=cfg.dtype, device=cfg.device)
     model, tokenizer, manifest = loaded.model, loaded.tokenizer, loaded.manifest
@@ -155,11 +169,14 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
     }
     windows: dict[str, Any] = {}
     if cfg.ppl_text is not None:
-        result["perplexity"] = perplexity_block(model, tokenizer, cfg, windows_out=windows)
+        with torch.autocast(torch.device(cfg.device).type, dtype=autocast or torch.float32,
+                            enabled=autocast is not None):
+            result["perplexity"] = perplexity_block(model, tokenizer, cfg, windows_out=windows)
+        result["perplexity"]["autocast"] = dtype_name(autocast)
     doc_records: list[dict[str, Any]] = []
     if specs:
         lm = make_lm(model, tokenizer, backend=cfg.backend, batch_size=cfg.batch_size,
-                     add_bos_token=cfg.add_bos_token, autocast_dtype=cfg.autocast_dtype)
+                     add_bos_token=cfg.add_bos_token, autocast_dtype=autocast)
         result["tasks"] = run_tasks(lm, specs, cfg.limit, records=doc_records)
         result["lm_eval"]["config"] = lm_config(lm)
     result.update(provenance=provenance(),

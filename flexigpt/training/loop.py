@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 
 from flexigpt.perplexity import perplexity
+from flexigpt.precision import native_bf16
 from flexigpt.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from flexigpt.training.config import TrainConfig, TrainPlan
 from flexigpt.training.data import WindowStream
@@ -49,17 +50,10 @@ class LoopResult:
 
 
 def bf16_enabled(mode: str, device: torch.device) -> bool:
-    """Resolve ``TrainConfig.bf16`` (auto: native bf16 on CUDA, or CPU AMX/AVX512-BF16)."""
+    """Resolve ``TrainConfig.bf16`` (auto: :func:`flexigpt.precision.native_bf16`)."""
     if mode != "auto":
         return mode == "on"
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        try:
-            return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
-        except AttributeError:
-            return False
-    return False
+    return native_bf16(device)
 
 
 def lr_factor(cfg: TrainConfig, steps: int) -> Callable[[int], float]:
@@ -214,9 +208,12 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
     inner = accelerator.unwrap_model(model)
 
     def evaluate() -> float | None:
+        """Tune-split perplexity in the training compute dtype (bf16 autocast when on)."""
         ppl = None
         if accelerator.is_main_process and val_windows is not None:
-            ppl = perplexity(inner, val_windows, batch_size=cfg.micro_batch)
+            with torch.autocast(accelerator.device.type, dtype=torch.bfloat16,
+                                enabled=use_bf16):
+                ppl = perplexity(inner, val_windows, batch_size=cfg.micro_batch)
         accelerator.wait_for_everyone()
         return ppl
 

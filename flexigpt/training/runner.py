@@ -100,8 +100,11 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     merged = merge_lora(model)
     main = _is_main_process()  # with several processes only the main one evaluates and saves
     final_ppl = None
+    bf16 = bool(result is not None and result.bf16)  # evaluate as the loop did at step 0
     if val is not None and main:
-        final_ppl = perplexity(model, val, batch_size=cfg.micro_batch)
+        device = next(model.parameters()).device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            final_ppl = perplexity(model, val, batch_size=cfg.micro_batch)
     state.log[-1]["ppl"] = final_ppl
     before = state.log[0]["ppl"] if state.log[0]["step"] == 0 else None
     tokens = state.position * cfg.seq_len
@@ -112,6 +115,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
         "parameters_after": count_parameters(model),
         "text": str(text), "validation": None if validation is None else str(validation),
         "eval_windows": None if val is None else int(val.shape[0]),
+        "eval_dtype": "bfloat16" if bf16 else "float32",
         "token_budget": cfg.tokens, "tokens": tokens, "steps": state.step,
         "epochs": round(stream.epochs(state.position), 4),
         "ppl_before": before, "final_ppl": final_ppl,
