@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -65,6 +65,7 @@ class Run:
     calibration: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     dtype: str = "float32"
+    label_variant: str | None = None  # a seed replicate's base variant (labels, tables)
 
     @property
     def key(self) -> Key:
@@ -116,9 +117,12 @@ class Run:
         return f"{self.prefix}/eval_{stage}.json"
 
     def stages(self) -> list[str]:
-        # the start of a trained dense control is the dense model itself, and a run that
-        # trains another run's compressed model shares that run's start: not evaluated twice
-        if self.recovery and self.method != "dense" and self.compressed_from is None:
+        """``start`` (perplexity right after compression) only where it is news: a FlexiGPT
+        compression (its replacement blocks change the function: Table 4's Start PPL). A
+        LoRA-recovered run starts as its one-shot model (LoRA B = 0), the extension as the
+        base (γ = 0), a dense control as the dense model, and a run that trains another
+        run's compressed model at that run's start: none is evaluated twice."""
+        if (self.recovery and self.compressed_from is None and self.method == "flexigpt"):
             return ["start", "final"]
         return ["final"]
 
@@ -134,7 +138,8 @@ class Run:
                 "dtype": self.dtype, **self.calibration}
 
     def labels(self, stage: str) -> dict[str, Any]:
-        return {"model": self.model, "method": self.method, "variant": self.variant,
+        return {"model": self.model, "method": self.method,
+                "variant": self.label_variant or self.variant,
                 "setting": self.setting, "ratio": self.ratio, "stage": stage, "seed": self.seed,
                 "table": self.table, "protocol": self.protocol, "loss": self.loss}
 
@@ -155,6 +160,45 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out["lr_from"] = over.get("lr_from")  # a variant may reuse another run's chosen LRs
     out["options"] = {**(base.get("options") or {}), **(over.get("options") or {})}
     out["training"] = {**(base.get("training") or {}), **(over.get("training") or {})}
+    return out
+
+
+def replicate_runs(runs: dict[Key, Run], spec: dict[str, Any]) -> list[Run]:
+    """Seed replicates of Table 1 runs: ``spec = {"seeds": [1, 2], "runs": ["flexigpt",
+    "shortgpt_lora", "slicegpt/rft"]}`` → for every named run at every ratio and every seed,
+    a copy at variant ``<variant>_s<seed>`` with that seed (calibration sample, data order,
+    adapter init) and labels of the base variant, so tables average over seeds. A replicate
+    reuses the base run's chosen learning rates (no sweep per seed); its ``match`` and
+    ``budget`` point to the same seed's replicate of the run named there when that is
+    replicated too.
+
+    Raises:
+        ValueError: a named run that is not a Table 1 method/variant, or a seed that equals
+            the base seed of a run.
+    """
+    out: list[Run] = []
+    names = [tuple(f"{n}/default".split("/")[:2]) if "/" not in n else tuple(n.split("/", 1))
+             for n in spec.get("runs", [])]
+    base = {k: r for k, r in runs.items() if r.table == "main" and (r.method, r.variant) in names}
+    for name in names:
+        if not any((r.method, r.variant) == name for r in base.values()):
+            raise ValueError(f"replicates.runs names {'/'.join(name)!r}, which is not a "
+                             "Table 1 method/variant of this config")
+
+    def twin(ref: Key | None, seed: int) -> Key | None:
+        if ref is None or ref not in base:
+            return ref
+        return (ref[0], ref[1], f"{ref[2]}_s{seed}", ref[3])
+
+    for seed in spec.get("seeds", []):
+        for key, run in base.items():
+            if seed == run.seed:
+                raise ValueError(f"replicates.seeds repeats the base seed {seed}")
+            out.append(replace(
+                run, variant=f"{run.variant}_s{seed}", seed=int(seed), label_variant=run.variant,
+                match=twin(run.match, seed), budget=twin(run.budget, seed),
+                lr_from=(run.lr_from or key) if run.recovery else None,
+                compressed_from=twin(run.compressed_from, seed)))
     return out
 
 
@@ -187,6 +231,8 @@ class RunGrid:
             ValueError: inconsistent settings the schema cannot express (e.g. a resource
                 model whose path is not where its builder writes, a ``match``/``budget``
                 naming a run that is not in the grid).
+            flexigpt.config_check.ConfigError (a ValueError): an option, training setting,
+                size or model path its jobs would reject (:func:`~flexigpt.config_check.check_grid`).
         """
         model = config["model"]
         data = config["data"]
@@ -234,9 +280,17 @@ class RunGrid:
             for variant, over in (block.get("variants") or {}).items():
                 blocks[(name, variant)] = _merge(block, over or {})
         for (name, variant), block in blocks.items():
+            base = blocks[(name, "default")]
+            # a variant that only changes the recovery trains the default's compressed model
+            same = variant != "default" and all(block.get(k) == base.get(k)
+                                                for k in ("options", "match"))
             for ratio in config["ratios"]:
-                add(method_run(name, variant, block, f"r{ratio:g}", "main", "matched",
-                               "default"))
+                setting = f"r{ratio:g}"
+                add(method_run(name, variant, block, setting, "main", "matched", "default",
+                               compressed_from=(key, name, "default", setting) if same
+                               else None))
+        for run in replicate_runs(runs, config.get("replicates") or {}):
+            add(run)
         protocol = config.get("paper_protocol") or {}
         for name in protocol.get("methods", []):
             if (name, "default") not in blocks:
@@ -265,7 +319,7 @@ class RunGrid:
                 setting = f"r{ratio:g}"
                 ref = (key, name, variant, setting)
                 add(method_run(name, kd_variant, block, setting, "kd", "matched", "default",
-                               lr_from=ref, compressed_from=ref))
+                               lr_from=ref, compressed_from=runs[ref].compressed_from or ref))
         ablations = config.get("ablations") or {}
         if ablations.get("variants"):
             if ("flexigpt", "default") not in blocks:
@@ -310,6 +364,9 @@ class RunGrid:
                    hub_text=dict(data.get("hub_text") or {}),
                    tuning=dict(config.get("tuning") or {}))
         grid.check_references()
+        from flexigpt.config_check import check_grid
+
+        check_grid(config, grid)  # options, TrainConfigs, sizes, model paths: as jobs would
         return grid
 
     def check_references(self) -> None:
@@ -452,7 +509,8 @@ class RunGrid:
                 "limit": ev.get("limit"), "source": self.task_source,
                 "ppl_seq_len": ev.get("ppl_seq_len", 512), "ppl_windows": ev.get("ppl_windows"),
                 "backend": ev.get("backend", "fast"), "batch_size": ev.get("batch_size", 16),
-                "dtype": run.dtype, "labels": run.labels(stage)}
+                "dtype": run.dtype, "autocast_dtype": ev.get("autocast"),
+                "labels": run.labels(stage)}
 
 
 def script_logging(log_path: str | Path, threads: int | None = None) -> logging.Logger:

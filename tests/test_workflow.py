@@ -104,8 +104,17 @@ def test_grid_of_default_config():
     assert kd.compressed_from == kd.lr_from == flexi.key and kd.stages() == ["final"]
     assert grid.train_params(kd)["loss"] == "kd" and kd.labels("final")["table"] == "kd"
     # the sweep: γ gets its own learning rates, a reused choice is one trial
-    assert [t.get("gamma_lr") for t in grid.trials(flexi)] == [1e-2, 5e-2]
-    assert grid.train_params(flexi, "t1")["gamma_lr"] == 5e-2
+    assert [t.get("gamma_lr") for t in grid.trials(flexi)] == [5e-2, 2e-1]
+    assert grid.train_params(flexi, "t1")["gamma_lr"] == 2e-1
+    # a variant that changes only the recovery trains the default's compressed model, and
+    # its KD twin trains that same model
+    rft = grid.run("smollm2-135m", "slicegpt", "rft", "r0.3")
+    one_shot = grid.run("smollm2-135m", "slicegpt", "default", "r0.3")
+    assert rft.compressed_from == one_shot.key and rft.stages() == ["final"]
+    rft_kd = grid.run("smollm2-135m", "slicegpt", "rft_kd", "r0.3")
+    assert rft_kd.compressed_dir == one_shot.compressed_dir and rft_kd.lr_from == rft.key
+    assert lora_all.compressed_from is None  # rank 18: its own compression
+    assert grid.eval_params(flexi, "final")["autocast_dtype"] == "auto"
     assert grid.trials(kd) == [{"lr_from": flexi.prefix}]
     assert grid.tune_text.endswith("validation.tune.txt")
     assert grid.test_text.endswith("validation.test.txt")
@@ -119,6 +128,29 @@ def test_grid_of_default_config():
     timed = grid.inference_runs("smollm2-135m")
     assert next(iter(timed)) == "dense/default/full"
     assert {"shortgpt/default/r0.3", "flexigpt/default/r0.3"} <= set(timed)
+
+
+def test_seed_replicates():
+    """``replicates``: named Table 1 runs again per seed, labelled as their base variant,
+    reusing its learning rates, like-for-like links pointing at the same seed's twin."""
+    cfg = load("config/config.yaml")
+    cfg["replicates"] = {"seeds": [1, 2], "runs": ["flexigpt", "shortgpt_lora"]}
+    grid = RunGrid.from_config(cfg)
+    twins = [r for r in grid.runs.values() if r.label_variant is not None]
+    assert len(twins) == 2 * 2 * 2  # seeds × runs × ratios
+    flexi = grid.run("smollm2-135m", "flexigpt", "default", "r0.3")
+    f1 = grid.run("smollm2-135m", "flexigpt", "default_s1", "r0.3")
+    l1 = grid.run("smollm2-135m", "shortgpt_lora", "default_s1", "r0.3")
+    assert f1.seed == 1 and f1.labels("final")["variant"] == "default"
+    assert f1.labels("final")["seed"] == 1 and f1.compress_params()["seed"] == 1
+    assert grid.train_params(f1)["seed"] == 1 and grid.trials(f1) == [{"lr_from": flexi.prefix}]
+    assert l1.match == l1.budget == f1.key
+    assert f1.stages() == ["start", "final"] and f1.table == "main"
+    for bad, message in (({"seeds": [1], "runs": ["nope"]}, "not a Table 1"),
+                         ({"seeds": [0], "runs": ["flexigpt"]}, "base seed")):
+        cfg["replicates"] = bad
+        with pytest.raises(ValueError, match=message):
+            RunGrid.from_config(cfg)
 
 
 def test_grid_partial_and_errors():
