@@ -8,6 +8,8 @@ from flexigpt.provenance import code_version
 from flexigpt.workflow import RunGrid
 
 validate(config, schema="../schemas/config.schema.yaml")
+# builds every run's method config and TrainConfigs, checks sizes and model paths: a bad
+# option is a short error here, before any job (flexigpt.config_check)
 GRID = RunGrid.from_config(config)
 CODE_VERSION = code_version()
 JOB_THREADS = config.get("jobs", {}).get("threads", 2)  # torch threads of each heavy job
@@ -106,3 +108,10 @@ def select_meta(wildcards):
 
 def inference_inputs(wildcards):
     return {name: run.final_dir() for name, run in GRID.inference_runs(wildcards.model).items()}
+
+
+def figure_dirs():
+    """The directory outputs holding the files the figures read (``params.figures``), as real
+    inputs of the tables rule: a deleted ``trained/`` or ``compressed/`` is rebuilt."""
+    files = GRID.figure_inputs()
+    return sorted({str(Path(path).parent) for group in files.values() for path in group})

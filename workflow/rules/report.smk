@@ -5,6 +5,7 @@ rule tables:
     input:
         evals=GRID.eval_targets(),
         inference=GRID.inference_targets(),
+        figure_dirs=figure_dirs(),  # deleted trained/compressed dirs are rebuilt, not missed
     output:
         report(
             directory("results/tables"),
