@@ -13,15 +13,16 @@ Measures, in one run on this machine:
 FLOP model (per training token; M = multiply-accumulates per token of every linear as
 used in the forward, shared base weights counted at each use, LoRA paths included, LM head
 included, embedding lookup excluded; A = attention-score MACs per token = 2·T·H·d_head per
-layer (QKᵀ and AV over the full window, as SDPA computes it on CPU); M_t = MACs of the
-trainable matrices (the LoRA paths)):
+layer (QKᵀ and AV over the full window, as SDPA computes it on CPU); M_b, A_b = the same
+sums over the blocks from the first one holding a trainable parameter to the end, plus the
+LM head — autograd propagates no gradient below that block; M_t = MACs of the trainable
+matrices (the LoRA paths)):
 
     forward                  2·(M + A)
-    full fine-tuning         6·(M + A)             (the standard 6·N)
-    frozen base + adapters   4·(M + A) + 2·M_t     (forward + activation gradients,
-                                                    plus weight gradients of adapters only)
-
-The frozen-base count is an upper bound: no gradient flows below the first trainable block.
+    full fine-tuning         6·(M + A)                   (the standard 6·N)
+    frozen base + adapters   2·(M + A) + 2·(M_b + A_b) + 2·M_t
+                             (forward, activation gradients where they flow, weight
+                              gradients of the adapters only)
 
 Usage::
 
@@ -67,18 +68,34 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, seconds: float = 3.0) -> floa
     return best
 
 
-def macs_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
-    """Linear MACs (each use), LoRA-path MACs and attention-score MACs per token."""
+def _linear_macs(module: torch.nn.Module) -> tuple[int, int]:
+    """(linear MACs incl. LoRA paths, LoRA-path MACs) per token of ``module``, each use."""
     linear = lora = 0
-    for _, module in model.named_modules(remove_duplicate=False):
-        if type(module) is torch.nn.Linear:
-            linear += module.in_features * module.out_features
-        if is_wrapper(module) and hasattr(module, "lora_A"):
-            lora += module.lora_A.numel() + module.lora_B.numel()
+    for _, sub in module.named_modules(remove_duplicate=False):
+        if type(sub) is torch.nn.Linear:
+            linear += sub.in_features * sub.out_features
+        if is_wrapper(sub) and hasattr(sub, "lora_A"):
+            lora += sub.lora_A.numel() + sub.lora_B.numel()
+    return linear + lora, lora
+
+
+def macs_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
+    """Per-token MACs: all linears (each use), LoRA paths, attention scores, and the part of
+    linears/attention that the backward pass runs through (first trainable block → head)."""
+    from flexigpt.models.adapters import get_adapter
+
+    adapter = get_adapter(model)
+    blocks = list(adapter.layers(model))
+    linear, lora = _linear_macs(model)
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    attn = 2 * seq_len * cfg.num_attention_heads * head_dim * cfg.num_hidden_layers
-    return {"linear": linear + lora, "lora": lora, "attention": attn}
+    per_block_attn = 2 * seq_len * cfg.num_attention_heads * head_dim
+    first = next((i for i, b in enumerate(blocks)
+                  if any(p.requires_grad for p in b.parameters())), len(blocks))
+    below = sum(_linear_macs(b)[0] for b in blocks[:first])
+    return {"linear": linear, "lora": lora, "attention": per_block_attn * len(blocks),
+            "first_trainable_block": first, "backward_linear": linear - below,
+            "backward_attention": per_block_attn * (len(blocks) - first)}
 
 
 def ensure_compressed(model: str, text: str, ratio: float, out: Path) -> Path:
@@ -150,7 +167,8 @@ def main() -> int:
             out = write(args, peak, results)
             continue
         m = r["macs"]
-        flops_token = 4 * (m["linear"] + m["attention"]) + 2 * m["lora"]
+        flops_token = (2 * (m["linear"] + m["attention"])
+                       + 2 * (m["backward_linear"] + m["backward_attention"]) + 2 * m["lora"])
         achieved = flops_token * r["tokens_per_second"]
         row = {**v, **r, "train_flops_per_token": flops_token, "achieved_flops": achieved,
                "mfu_vs_fp32_peak": achieved / peak["fp32"],
@@ -166,8 +184,9 @@ def main() -> int:
 
 def write(args: argparse.Namespace, peak: dict, results: list) -> dict:
     out = {"threads": args.threads, "load_average": os.getloadavg(), "seq_len": args.seq_len,
-           "peak_flops": peak, "formula": "frozen base + adapters: 4*(M+A) + 2*M_lora "
-           "FLOP/token (M linear MACs/token, A attention MACs/token)", "variants": results}
+           "peak_flops": peak, "formula": "frozen base + adapters: 2*(M+A) + 2*(M_b+A_b) + 2*M_lora "
+           "FLOP/token (M linear MACs/token, A attention MACs/token, _b: from the first "
+           "trainable block on)", "variants": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     return out
