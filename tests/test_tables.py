@@ -123,7 +123,9 @@ def test_partial_grid(tmp_path: Path) -> None:
              EVAL / "shortgpt-default-r0.4-final-s0.json"]
     written = build_all(None, tmp_path, results=files, make_plots=False)
     names = sorted(p.name for p in written)
-    assert names == ["table1_smollm2-135m.csv", "table1_smollm2-135m.md", "table1_smollm2-135m.tex"]
+    assert names == ["comparisons.csv", "comparisons.md", "report.md", "table1_smollm2-135m.csv",
+                     "table1_smollm2-135m.md", "table1_smollm2-135m.tex", "verdicts.csv",
+                     "verdicts.md"]
     md = (tmp_path / "table1_smollm2-135m.md").read_text()
     assert "| ShortGPT (one-shot) | 40% | 31.6% | 18 | 287.40 |" in md
     assert "FlexiGPT*" not in md.split("### Paper")[0]

@@ -9,6 +9,7 @@ import pandas as pd
 from flexigpt.tables.build import (ABLATIONS, PAPER_NOTES, display_name, paper_title,
                                    reference_model, slug)
 from flexigpt.tables.collect import STAGES
+from flexigpt.tables.intervals import with_errors
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 
@@ -40,7 +41,8 @@ def table4(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     if not (rows["variant"] != "default").any():
         log.info("table 4 for %s: no ablation results; skipped", model)
         return None
-    ours = _stage_wide(rows, ("ppl", "avg"))
+    cis = tuple(c for c in ("ppl_lo", "ppl_hi", "avg_lo", "avg_hi") if c in rows)
+    ours = _stage_wide(rows, ("ppl", "avg", *cis))
     kinds = {"Ratio": "pct0", "Start PPL": "ppl", "Final PPL": "ppl", "Final Avg": "num"}
     best = {"Start PPL": "min", "Final PPL": "min", "Final Avg": "max"}
 
@@ -55,8 +57,12 @@ def table4(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     notes = ["Start = right after compression, before recovery; Final = after recovery "
              "(Final Avg = mean of the five tasks in %). Best per column within each ratio "
              "in bold."]
-    blocks = [Block(f"Ours: {name}, FlexiGPT ablations", frame_of(ours), kinds, best, "Ratio",
-                    notes=notes)]
+    stage_ci = ours.rename(columns={f"{m}_{s}_{st}": f"{m}{st}_{s}" for m in ("ppl", "avg")
+                                    for s in ("lo", "hi") for st in STAGES})
+    blocks = [with_errors(Block(f"Ours: {name}, FlexiGPT ablations", frame_of(ours), kinds,
+                                best, "Ratio", notes=notes), stage_ci,
+                          {"pplstart": "Start PPL", "pplfinal": "Final PPL",
+                           "avgfinal": "Final Avg"})]
     key, same = reference_model(model, pub, (4,), "llama-2-7b")
     paper = _stage_wide(pub[pub["table"].eq(4) & pub["model"].eq(key)], ("ppl",))
     pframe = frame_of(paper).drop(columns="Final Avg")

@@ -17,6 +17,7 @@ import logging
 import pandas as pd
 
 from flexigpt.tables.collect import RECOVERY_COLUMNS, SETTING_KEYS, TASKS, classify
+from flexigpt.tables.intervals import CI_COLUMNS, with_errors
 from flexigpt.tables.published import PAPER_MODELS, match_published, paper_model
 from flexigpt.tables.render import Block, Table, sci
 
@@ -59,6 +60,10 @@ PAPER_NOTES = {
 AVG_NOTE = ("† the paper's reported average is not the mean of its five task scores; the "
             "recomputed mean is in the next column (method-flexigpt.md §5, Table 1 caveat).")
 _TASK_COLS = [TASK_HEADERS[t] for t in TASKS]
+#: metric column of the frame → displayed header (for the ± half-widths).
+METRIC_HEADERS = {"ppl": "PPL", **TASK_HEADERS, "avg": "Avg"}
+#: Table 1 column from the recovery curves (flexigpt.tables.curves.add_reach).
+REACH_COL = "Tokens to SG+LoRA loss"
 
 
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:
@@ -385,7 +390,13 @@ def table1(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     notes += _cost_notes(frame, ours)
     rule = _block_rule_note(agg, model, ours)
     notes += [rule] if rule else []
-    blocks = [Block(f"Ours: {name}", frame, kinds, dict(METRIC_BEST), group="Ratio", notes=notes)]
+    if "tokens_to_baseline" in ours and ours["tokens_to_baseline"].notna().any():
+        frame.insert(frame.columns.get_loc("LR") + 1 if "LR" in frame else len(frame.columns),
+                     REACH_COL, ours["tokens_to_baseline"].values)
+        from flexigpt.tables.curves import REACH_NOTE
+        notes.append(REACH_NOTE)
+    blocks = [with_errors(Block(f"Ours: {name}", frame, kinds, dict(METRIC_BEST), group="Ratio",
+                                notes=notes), ours, METRIC_HEADERS)]
     tables = (1, 2, 3)
     key, same = reference_model(model, pub, tables, "llama-2-7b")
     shown = tuple(t for t in tables if pub[pub["table"].eq(t) & pub["model"].eq(key)].shape[0])
@@ -401,7 +412,7 @@ def table1(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
 _CSV_KEEP = ["achieved_ratio", "num_layers", "blocks_pruned", "trained", "loss", "table",
              "protocol", "recipe", "trainable_params", "tokens", "lr", "gamma_lr", "lr_source",
              "budget_target", "budget_achieved", "budget_rel_error", "budget_source", "ppl",
-             *TASKS, "avg", "avg_std", "n_seeds"]
+             *TASKS, "avg", "avg_std", "n_seeds", "tokens_to_baseline", *CI_COLUMNS]
 
 
 def paper_protocol_table(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
@@ -429,8 +440,9 @@ def paper_protocol_table(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     step = block_step(agg, model)
     if step is not None:
         notes.append(f"One block of this model ≈ {step:.2f} points of the parameter ratio.")
-    blocks = [Block(f"Ours: {name}, paper protocol", frame, kinds, dict(METRIC_BEST),
-                    group="Ratio", notes=notes)]
+    blocks = [with_errors(Block(f"Ours: {name}, paper protocol", frame, kinds,
+                                dict(METRIC_BEST), group="Ratio", notes=notes), ours,
+                          METRIC_HEADERS)]
     tables = (1, 2, 3)
     key, same = reference_model(model, pub, tables, "llama-2-7b")
     shown = tuple(t for t in tables if pub[pub["table"].eq(t) & pub["model"].eq(key)].shape[0])
@@ -492,8 +504,9 @@ def kd_table(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     notes += _cost_notes(frame, ours)
     if missing:
         notes.append(f"No LM-loss counterpart in the results for: {', '.join(missing)}.")
-    blocks = [Block(f"Ours: {name}, LM vs KD recovery loss", frame, kinds, dict(METRIC_BEST),
-                    group="Ratio", notes=notes)]
+    blocks = [with_errors(Block(f"Ours: {name}, LM vs KD recovery loss", frame, kinds,
+                                dict(METRIC_BEST), group="Ratio", notes=notes), ours,
+                          METRIC_HEADERS)]
     keep = [c for c in _CSV_KEEP if c != "loss"]
     csv = ours.reindex(columns=["model", "method", "variant", "ratio", "stage", *keep]).assign(
         source="ours", label=label.values, loss=[_loss_of(r) for _, r in ours.iterrows()])
@@ -542,7 +555,8 @@ def table5(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     if "Trainable (M)" in frame:
         notes.append("Trainable = parameters trained in recovery / continued training "
                      "(millions; – = not trained).")
-    blocks = [Block(f"Ours: {name}, extension", frame, kinds, dict(METRIC_BEST), notes=notes)]
+    blocks = [with_errors(Block(f"Ours: {name}, extension", frame, kinds, dict(METRIC_BEST),
+                                notes=notes), ours, METRIC_HEADERS)]
     key, same = reference_model(model, pub, (5,), "tinyllama-1.1b")
     blocks.append(paper_block(pub, (5,), key, paper_title(key, (5,), same), PAPER_NOTES[5],
                               extra=("Layers",)))
@@ -550,7 +564,7 @@ def table5(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     if delta_block is not None:
         blocks.append(delta_block)
     keep = ["num_layers", "params_compressed", "trained", "recipe", "trainable_params", "tokens",
-            "lr", "ppl", *TASKS, "avg", "n_seeds"]
+            "lr", "ppl", *TASKS, "avg", "n_seeds", *CI_COLUMNS]
     csv = _csv(ours, label, deltas, pub[pub["table"].eq(5) & pub["model"].eq(key)], keep)
     return Table(f"table5_extension_{slug(model)}", f"Table 5 — model extension, {name}",
                  blocks, csv)

@@ -55,10 +55,23 @@ def _log_y(ax: Any) -> None:
     ax.tick_params(axis="y", which="minor", labelsize=7)
 
 
+def ci_yerr(rows: pd.DataFrame, col: str) -> np.ndarray | None:
+    """``[2, n]`` error-bar lengths (value − lo, hi − value) from ``<col>_lo/_hi`` (0 where
+    a row has no interval); None when no row has one."""
+    lo, hi = rows.get(f"{col}_lo"), rows.get(f"{col}_hi")
+    if lo is None or hi is None or not (lo.notna() & hi.notna()).any():
+        return None
+    v = rows[col].to_numpy(float)
+    below = np.nan_to_num(v - lo.to_numpy(float), nan=0.0).clip(min=0)
+    above = np.nan_to_num(hi.to_numpy(float) - v, nan=0.0).clip(min=0)
+    return np.vstack([below, above])
+
+
 def accuracy_vs_ratio(agg: pd.DataFrame, model: str, out_dir: str | os.PathLike,
                       stem: str, display: str | None = None) -> list[Path]:
     """Avg, per-task accuracy and PPL (log scale) against the achieved compression ratio,
-    one line per method (final stage, main variants); dense is a dashed reference line."""
+    one line per method (final stage, main variants) with 95 % bootstrap error bars where
+    the rows carry ``<col>_lo/_hi``; dense is a dashed reference line (its interval shaded)."""
     rows = main_rows(agg, model)
     dense = rows[rows["method"].eq("dense")]
     comp = rows[~rows["method"].eq("dense")]
@@ -77,12 +90,16 @@ def accuracy_vs_ratio(agg: pd.DataFrame, model: str, out_dir: str | os.PathLike,
             g = g.dropna(subset=[col]).sort_values("x")
             if g.empty:
                 continue
-            (line,) = ax.plot(g["x"], g[col], marker=_MARKERS[i % len(_MARKERS)], ms=5,
-                              label=method_label(method, variant))
-            handles.setdefault(line.get_label(), line)
+            bars = ax.errorbar(g["x"], g[col], yerr=ci_yerr(g, col),
+                               marker=_MARKERS[i % len(_MARKERS)], ms=5, capsize=2, lw=1.2,
+                               label=method_label(method, variant))
+            handles.setdefault(method_label(method, variant), bars.lines[0])
         if not dense.empty and not dense[col].isna().all():
             ref = ax.axhline(dense[col].mean(), color="0.4", ls="--", lw=1, label="Dense")
             handles.setdefault("Dense", ref)
+            lo, hi = dense.get(f"{col}_lo"), dense.get(f"{col}_hi")
+            if lo is not None and hi is not None and lo.notna().any() and hi.notna().any():
+                ax.axhspan(float(lo.mean()), float(hi.mean()), color="0.4", alpha=0.12, lw=0)
         if col == "ppl" and comp["ppl"].notna().any():
             _log_y(ax)
         ax.set_title(title, fontsize=10)
@@ -91,7 +108,9 @@ def accuracy_vs_ratio(agg: pd.DataFrame, model: str, out_dir: str | os.PathLike,
         ax.tick_params(labelsize=8)
     axes[-1].axis("off")
     axes[-1].legend(list(handles.values()), list(handles), loc="center", fontsize=9, frameon=False)
-    fig.suptitle(f"{display or model}: accuracy and perplexity vs compression ratio",
+    fig.suptitle(f"{display or model}: accuracy and perplexity vs compression ratio"
+                 + (" (95% bootstrap CI)" if any(ci_yerr(comp, c) is not None
+                                                  for c, _ in panels) else ""),
                  fontsize=12)
     fig.tight_layout()
     return save_figure(fig, out_dir, stem)

@@ -70,6 +70,8 @@ class Block:
         group: column whose values split rows into bolding groups (None: one group).
         markers: (row position, column) → suffix such as "†".
         notes: footnote lines printed under the block.
+        errors: column → per-row 95 % CI half-width (None: not shown), rendered
+            ``value ±hw`` after the value; bolding uses the value only.
     """
 
     title: str
@@ -79,6 +81,7 @@ class Block:
     group: str | None = None
     markers: dict[tuple[int, str], str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    errors: dict[str, list[float | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for col, kind in self.kinds.items():
@@ -108,6 +111,15 @@ def _cell(block: Block, col: str, v: Any) -> str:
     return MISSING if _missing(v) else FORMATS[block.kinds.get(col, "text")](v)
 
 
+def _error(block: Block, col: str, i: int, v: Any) -> str:
+    """`` ±hw`` of row ``i`` in ``col`` ("" when no half-width or no value)."""
+    hw = block.errors.get(col)
+    if hw is None or _missing(v) or i >= len(hw) or hw[i] is None or _missing(hw[i]):
+        return ""
+    h = float(hw[i])
+    return f" ±{h:.1f}" if abs(h) < 1e4 else f" ±{h:.1e}"
+
+
 def bold_mask(block: Block) -> set[tuple[int, str]]:
     """(row position, column) of the best displayed value per group and column."""
     out: set[tuple[int, str]] = set()
@@ -135,7 +147,7 @@ def _strings(block: Block, bold: str, escape: bool) -> list[list[str]]:
     for i in df.index:
         cells = []
         for col in df.columns:
-            text = _cell(block, col, df.at[i, col])
+            text = _cell(block, col, df.at[i, col]) + _error(block, col, i, df.at[i, col])
             text = tex_escape(text) if escape else text
             text = bold.format(text) if (i, col) in mask else text
             marker = block.markers.get((i, col), "")
@@ -149,7 +161,7 @@ def tex_escape(text: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
                  ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("–", "--"),
                  ("†", r"$^\dagger$"), ("Δ", r"$\Delta$"), ("−", "-"), ("×", r"$\times$"),
-                 ("γ", r"$\gamma$"), ("≈", r"$\approx$"), ("✓", r"$\checkmark$")):
+                 ("γ", r"$\gamma$"), ("±", r"$\pm$"), ("≈", r"$\approx$"), ("✓", r"$\checkmark$")):
         text = text.replace(a, b)
     return text.replace(r"\textbackslash\{\}", r"\textbackslash{}")
 

@@ -12,12 +12,15 @@ from typing import Any
 import pandas as pd
 
 from flexigpt.artifacts import atomic_write_text
-from flexigpt.tables import ablation, build, sweep, timing
+from flexigpt.tables import ablation, build, curves, sweep, timing
+from flexigpt.tables.comparisons import Comparator, comparison_table
 from flexigpt.tables.collect import (Inputs, collect_results, collect_selections,
                                      collect_timings, discover, read_flexigpt_manifest,
                                      read_train_log)
 from flexigpt.tables.published import load_published
-from flexigpt.tables.render import write_table
+from flexigpt.tables.intervals import RecordStore, add_intervals
+from flexigpt.tables.render import to_markdown, write_table
+from flexigpt.tables.verdicts import verdict_table
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,10 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
               make_plots: bool = True,
               model_names: Mapping[str, str] | None = None) -> list[Path]:
     """Write Tables 1, 4, 5, 6, 7, the paper-protocol and KD tables and the LR-sweep table
-    (per model, where inputs exist) and the figures.
+    (per model, where inputs exist), ``verdicts`` / ``comparisons`` (paired bootstrap
+    intervals from the per-document records; :mod:`flexigpt.tables.verdicts`), a
+    ``report.md`` holding every Markdown table (verdicts first) and the figures. Cells of
+    rows with records carry 95 % interval half-widths (:mod:`flexigpt.tables.intervals`).
 
     Args:
         results_dir: tree to discover inputs in (None: only the explicit lists).
@@ -85,11 +91,14 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
         raise ValueError(f"model_names must map model keys to display names (str), got {bad!r}")
     pub = load_published(published)
     df = collect_results(inputs.results)
-    agg = build.aggregate(df) if not df.empty else pd.DataFrame()
+    store = RecordStore(df)
+    agg = add_intervals(build.aggregate(df), store) if not df.empty else pd.DataFrame()
     times = collect_timings(inputs.timings)
     sel = collect_selections(inputs.selections)
     # Read every figure input before writing anything, so a bad file fails fast.
-    logs = {_label(p, root): read_train_log(p) for p in inputs.train_logs} if make_plots else {}
+    logs = {_label(p, root): read_train_log(p) for p in inputs.train_logs}
+    if not agg.empty:
+        agg = curves.add_reach(agg, logs)
     records = [(p, r) for p in inputs.manifests
                if (r := read_flexigpt_manifest(p)) is not None] if make_plots else []
     out = Path(out_dir)
@@ -97,12 +106,21 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     models = list(dict.fromkeys(agg["model"])) if not agg.empty else []
     if not models:
         log.info("no evaluation results: tables 1, 4, 5 skipped")
+    summary = []
+    if models:
+        comp = Comparator(store)
+        for table in (verdict_table(agg, pub, times, comp, models),
+                      comparison_table(agg, comp, models)):
+            if table is not None:
+                written += write_table(table, out, tuple(f for f in formats if f != "tex"))
+                summary.append(table)
     for model in models:
         for builder in (build.table1, build.paper_protocol_table, build.kd_table,
                         ablation.table4, build.table5):
             table = builder(agg, pub, model, display=names.get(model))
             if table is not None:
                 written += write_table(table, out, formats)
+                summary.append(table)
     for model in (list(dict.fromkeys(times["model"])) if not times.empty else []):
         for number in (6, 7):
             table = timing.timing_table(times, pub, model, number, display=names.get(model))
@@ -114,6 +132,11 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
         table = sweep.sweep_table(sel, model, names.get(model))
         if table is not None and sweep_formats:
             written += write_table(table, out, sweep_formats)
+    if summary and "md" in formats:
+        report = out / "report.md"
+        atomic_write_text(report, "# FlexiGPT reproduction report\n\n"
+                          + "\n".join(to_markdown(t) for t in summary))
+        written.append(report)
     if make_plots:
         written += _figures(agg, logs, records, root, out, names)
         for model in sweep_models:
@@ -137,6 +160,7 @@ def _figures(agg: pd.DataFrame, logs: dict[str, pd.DataFrame],
     for model in (list(dict.fromkeys(agg["model"])) if not agg.empty else []):
         stem = f"fig_accuracy_vs_ratio_{build.slug(model)}"
         written += plots.accuracy_vs_ratio(agg, model, out, stem, (names or {}).get(model))
+        written += curves.recovery_by_ratio(agg, logs, model, out, (names or {}).get(model))
     written += plots.recovery_curves(logs, out)
     seen: set[str] = set()
     if not records:

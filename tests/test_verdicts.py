@@ -1,0 +1,237 @@
+"""Intervals, paired comparisons, verdicts and recovery curves of the tables, on synthetic
+result JSONs with per-document records written into tmp_path."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flexigpt.evaluation.results import write_records
+from flexigpt.tables import build_all
+from flexigpt.tables.curves import NEVER, add_reach, smoothed, tokens_to_reach
+from flexigpt.tables.verdicts import (CONTRADICTED, MISSING_RUN, SUPPORTED, UNDECIDED,
+                                      decide_count)
+
+BASE = Path(__file__).parent / "fixtures" / "results" / "eval" / "smollm2-135m" / \
+    "shortgpt-default-r0.3-final-s0.json"
+TASKS = ("arc_easy", "arc_challenge", "piqa", "winogrande", "hellaswag")
+SMOL = "smollm2-135m"
+N_DOCS, N_WIN, TOK = 200, 40, 100
+
+
+def _docs(correct: set[int], task: str, sha: str) -> list[dict]:
+    return [{"task": task, "data_sha256": sha, "metric": "acc_norm", "doc_id": i,
+             "acc_norm": float(i in correct), "doc_hash": f"{task}{i}"} for i in range(N_DOCS)]
+
+
+def write_run(root: Path, method: str, variant: str, ratio: float | None, *, table: str,
+              correct: set[int], log_ppl: np.ndarray | None, stage: str = "final",
+              trained: bool = False, records: bool = True, sha: str = "0" * 64) -> Path:
+    """A result JSON whose every task has ``correct`` as its right doc ids and whose
+    perplexity windows have per-token NLL ``log_ppl`` (None: no perplexity)."""
+    data = json.loads(BASE.read_text())
+    data.update(method=method, blocks_pruned=None,
+                recovery={"recipe": "lora", "loss": "lm", "tokens": 1000} if trained else None,
+                trained_tokens=1000 if trained else 0)
+    data["parameters"]["achieved_ratio"] = None if method == "dense" else ratio
+    acc = len(correct) / N_DOCS
+    for task in TASKS:
+        data["tasks"][task].update(value=acc, n_docs=N_DOCS, data_sha256=sha)
+    nll = None
+    if log_ppl is None:
+        data["perplexity"] = None
+    else:
+        nll = np.asarray(log_ppl, dtype=float) * TOK
+        data["perplexity"].update(value=math.exp(nll.sum() / (TOK * len(nll))),
+                                  n_windows=len(nll))
+    data["labels"] = {"model": SMOL, "method": method, "variant": variant, "ratio": ratio,
+                      "stage": stage, "seed": 0, "table": table,
+                      "loss": "lm" if trained else None, "protocol": "matched"}
+    setting = f"r{ratio}" if ratio is not None else "full"
+    path = root / SMOL / method / variant / setting / f"eval_{stage}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if records:
+        docs = [d for t in TASKS for d in _docs(correct, t, sha)]
+        windows = None if nll is None else {
+            "text": "t.txt", "text_sha256": "1" * 64, "seq_len": 512, "n_windows": len(nll),
+            "nll": nll.tolist(), "tokens": [TOK] * len(nll), "total_nll": float(nll.sum()),
+            "n_tokens": TOK * len(nll)}
+        data["records"] = write_records(path, docs, windows)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _noise(seed: int, scale: float = 0.5) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, scale, N_WIN)
+
+
+BASE_LP = 3.0 + _noise(0, 0.3)  # shared per-window difficulty (pairing cancels it)
+
+
+def grid(root: Path, flex_ppl_shift: float, flex_extra: set[int], base_extra: set[int],
+         **kw) -> Path:
+    """Dense, ShortGPT + LoRA and FlexiGPT at 30%: FlexiGPT's log-PPL = the baseline's +
+    ``flex_ppl_shift`` per window; each is right on docs 0..79 plus its ``*_extra``."""
+    common = set(range(80))
+    write_run(root, "dense", "default", None, table="dense", correct=set(range(120)),
+              log_ppl=BASE_LP - 1.0)
+    write_run(root, "shortgpt_lora", "default", 0.3, table="main", trained=True,
+              correct=common | base_extra, log_ppl=BASE_LP)
+    flex_lp = BASE_LP + (flex_ppl_shift if isinstance(flex_ppl_shift, float) else 0.0)
+    if not isinstance(flex_ppl_shift, float):  # "noise": same mean, no consistent sign
+        flex_lp = BASE_LP + np.tile([0.4, -0.4], N_WIN // 2)
+    write_run(root, "flexigpt", "default", 0.3, table="main", trained=True,
+              correct=common | flex_extra, log_ppl=flex_lp, **kw)
+    return root
+
+
+def _verdicts(root: Path, out: Path) -> pd.DataFrame:
+    build_all(root, out, make_plots=False, formats=("md", "csv"))
+    return pd.read_csv(out / "verdicts.csv")
+
+
+def _claim(v: pd.DataFrame, prefix: str, setting: str = "30%") -> pd.Series:
+    rows = v[v["Claim"].str.startswith(prefix) & v["Setting"].eq(setting)]
+    assert len(rows) == 1, rows
+    return rows.iloc[0]
+
+
+WIN = set(range(80, 110))  # 30 more docs right
+NONE: set[int] = set()
+
+
+@pytest.mark.parametrize("shift, flex_extra, base_extra, verdict", [
+    (-0.1, WIN, NONE, SUPPORTED),      # FlexiGPT lower PPL, more docs right
+    (+0.1, NONE, WIN, CONTRADICTED),   # the same difference, sign flipped
+    ("noise", set(range(80, 95)), set(range(95, 110)), UNDECIDED),  # straddles 0
+])
+def test_verdict_follows_the_interval(tmp_path, shift, flex_extra, base_extra, verdict):
+    v = _verdicts(grid(tmp_path / "r", shift, flex_extra, base_extra), tmp_path / "o")
+    ppl, avg = _claim(v, "(a)"), _claim(v, "(b)")
+    assert ppl["Verdict"] == verdict and avg["Verdict"] == verdict
+    if verdict == UNDECIDED:
+        assert ppl["ci_low"] < 0 < ppl["ci_high"] and avg["ci_low"] < 0 < avg["ci_high"]
+    else:
+        sign = 1 if verdict == SUPPORTED else -1
+        assert (ppl["ci_high"] < 0) if sign > 0 else (ppl["ci_low"] > 0)  # lower PPL wins
+        assert (avg["ci_low"] > 0) if sign > 0 else (avg["ci_high"] < 0)
+        assert avg["estimate"] == pytest.approx(sign * 100 * len(WIN) / N_DOCS)
+    # Runs that are not in this config say so instead of disappearing.
+    assert _claim(v, "(a)", "40%")["Verdict"] == MISSING_RUN
+    assert _claim(v, "(e)")["Verdict"] == MISSING_RUN
+    assert v["Claim"].str.startswith("(f)").any() and v["Claim"].str.startswith("(g)").any()
+    assert set(v.loc[v["Claim"].str.startswith("(f)"), "Verdict"]) == {MISSING_RUN}
+    report = (tmp_path / "o" / "report.md").read_text()
+    assert report.index("Verdicts on the paper's claims") < report.index("Table 1")
+
+
+def test_intervals_in_table1_cover_the_point_value(tmp_path):
+    root = grid(tmp_path / "r", -0.1, WIN, NONE)
+    build_all(root, tmp_path / "o", make_plots=False, formats=("md", "csv"))
+    csv = pd.read_csv(tmp_path / "o" / "table1_smollm2-135m.csv")
+    ours = csv[csv["source"].eq("ours")]
+    for col in ("ppl", *TASKS, "avg"):
+        lo, hi = ours[f"{col}_lo"], ours[f"{col}_hi"]
+        assert lo.notna().all() and (lo <= ours[col] + 1e-9).all() and (ours[col] <= hi + 1e-9).all()
+        assert (hi > lo).all()
+    # Accuracy half-width ≈ 1.96 · sqrt(p(1-p)/n) in points.
+    flex = ours[ours["method"].eq("flexigpt")].iloc[0]
+    p = 110 / N_DOCS
+    expected = 196 * math.sqrt(p * (1 - p) / N_DOCS)
+    assert (flex["arc_easy_hi"] - flex["arc_easy_lo"]) / 2 == pytest.approx(expected, rel=0.15)
+    md = (tmp_path / "o" / "table1_smollm2-135m.md").read_text()
+    hw = (flex["arc_easy_hi"] - flex["arc_easy_lo"]) / 2
+    line = next(x for x in md.splitlines() if x.startswith("| FlexiGPT*"))
+    assert f"{flex['arc_easy']:.2f} ±{hw:.1f}" in line
+    assert "95% bootstrap interval" in md
+
+
+def test_records_are_loaded_once_and_bootstrap_is_deterministic(tmp_path, monkeypatch):
+    from flexigpt.evaluation import results
+
+    root = grid(tmp_path / "r", -0.1, WIN, NONE)
+    calls = []
+    real = results.load_records
+    monkeypatch.setattr(results, "load_records", lambda p: calls.append(p) or real(p))
+    build_all(root, tmp_path / "a", make_plots=False, formats=("csv",))
+    assert len(calls) == len(set(calls)) == 3
+    build_all(root, tmp_path / "b", make_plots=False, formats=("csv",))
+    for name in ("verdicts.csv", "comparisons.csv", "table1_smollm2-135m.csv"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
+
+
+def test_old_files_show_points_and_unpaired_cells_are_marked(tmp_path):
+    root = grid(tmp_path / "r", -0.1, WIN, NONE, records=False)
+    v = _verdicts(root, tmp_path / "o")
+    assert _claim(v, "(a)")["Verdict"].startswith("no records")
+    md = (tmp_path / "o" / "table1_smollm2-135m.md").read_text()
+    flex_line = next(line for line in md.splitlines() if line.startswith("| FlexiGPT*"))
+    assert "±" not in flex_line
+    assert "±" in next(line for line in md.splitlines() if line.startswith("| ShortGPT + LoRA*"))
+    # Different documents (another data sha): the task cells are unpaired, PPL still pairs.
+    root2 = grid(tmp_path / "r2", -0.1, WIN, NONE, sha="9" * 64)
+    v2 = _verdicts(root2, tmp_path / "o2")
+    assert _claim(v2, "(b)")["Verdict"] == "unpaired"
+    assert _claim(v2, "(a)")["Verdict"] == SUPPORTED
+    comp = pd.read_csv(tmp_path / "o2" / "comparisons.csv")
+    cell = comp[comp["method"].eq("flexigpt") & comp["comparison"].str.contains("LoRA")]
+    assert set(cell.loc[cell["metric"].isin(TASKS), "status"]) == {"unpaired"}
+    assert "unpaired" in (tmp_path / "o2" / "comparisons.md").read_text()
+
+
+def test_counted_claims():
+    six = [SUPPORTED] * 5 + [UNDECIDED]
+    assert decide_count(six, 5) == SUPPORTED
+    assert decide_count(six, 6) == UNDECIDED
+    assert decide_count([SUPPORTED] * 4 + [CONTRADICTED] * 2, 5) == CONTRADICTED
+    assert decide_count([SUPPORTED] * 4 + [CONTRADICTED, UNDECIDED], 5) == UNDECIDED
+    assert decide_count([MISSING_RUN] * 6, 5) == MISSING_RUN
+
+
+def _log(losses) -> pd.DataFrame:
+    n = len(losses)
+    return pd.DataFrame({"step": range(n + 1), "tokens": [0] + [1000 * (i + 1) for i in range(n)],
+                         "loss": [None, *losses], "lr": 1e-3, "ppl": [50.0] + [None] * n})
+
+
+def test_tokens_to_reach_the_baseline_loss():
+    curve = smoothed(_log([6.0, 5.0, 4.0, 3.0, 3.0, 3.0]))
+    assert list(curve["loss"]) == pytest.approx([6.0, 5.5, 5.0, 4.0, 10 / 3, 3.0])
+    assert tokens_to_reach(curve, 4.0) == 4000
+    assert tokens_to_reach(curve, 2.0) is None
+    agg = pd.DataFrame([
+        {"model": SMOL, "method": m, "variant": "default", "ratio": 0.3, "stage": "final",
+         "table": "main", "trained": True, "loss": "lm"} for m in ("flexigpt", "shortgpt_lora")])
+    logs = {f"{SMOL}/flexigpt/default/r0.3/trained": _log([6.0, 5.0, 4.0, 3.0, 3.0, 3.0]),
+            f"{SMOL}/shortgpt_lora/default/r0.3/trained": _log([6.0, 5.0, 4.0, 4.0, 4.0])}
+    out = add_reach(agg, logs).set_index("method")["tokens_to_baseline"]
+    assert out["flexigpt"] == "4K" and out["shortgpt_lora"] is None
+    logs[f"{SMOL}/shortgpt_lora/default/r0.3/trained"] = _log([2.0, 2.0, 2.0])
+    assert add_reach(agg, logs).set_index("method").at["flexigpt", "tokens_to_baseline"] == NEVER
+
+
+def test_error_bars_and_recovery_figure(tmp_path, monkeypatch):
+    from flexigpt.tables import curves, plots
+
+    root = grid(tmp_path / "r", -0.1, WIN, NONE)
+    for method in ("flexigpt", "shortgpt_lora"):
+        log_path = root / SMOL / method / "default" / "r0.3" / "trained" / "train_log.csv"
+        log_path.parent.mkdir(parents=True)
+        _log([6.0, 5.0, 4.0, 3.5]).to_csv(log_path, index=False)
+    figs = {}
+    real = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure",
+                        lambda fig, out, stem: figs.setdefault(stem, fig) and real(fig, out, stem))
+    written = build_all(root, tmp_path / "o", formats=("md", "csv"))
+    assert tmp_path / "o" / "fig_recovery_smollm2-135m_r0.3.png" in written
+    ax = figs["fig_accuracy_vs_ratio_smollm2-135m"].axes[0]
+    assert ax.containers, "error bars drawn"
+    assert "KD runs excluded" in " ".join(t.get_text() for t in
+                                         figs["fig_recovery_smollm2-135m_r0.3"].axes[0].texts)
+    md = (tmp_path / "o" / "table1_smollm2-135m.md").read_text()
+    assert "Tokens to SG+LoRA loss" in md and curves.REACH_NOTE in md
