@@ -177,8 +177,8 @@ def replicate_runs(runs: dict[Key, Run], spec: dict[str, Any]) -> list[Run]:
             the base seed of a run.
     """
     out: list[Run] = []
-    names = [tuple(f"{n}/default".split("/")[:2]) if "/" not in n else tuple(n.split("/", 1))
-             for n in spec.get("runs", [])]
+    names = [(method, variant or "default") for method, _, variant in
+             (name.partition("/") for name in spec.get("runs", []))]
     base = {k: r for k, r in runs.items() if r.table == "main" and (r.method, r.variant) in names}
     for name in names:
         if not any((r.method, r.variant) == name for r in base.values()):

@@ -106,9 +106,9 @@ class FastHFLM(HFLM):
         #: ``batch_size`` (``plan_work``)
         self.last_work: WorkCounts | None = None
         if isinstance(autocast_dtype, str):
-            autocast_dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                              "float16": torch.float16, "fp16": torch.float16}.get(
-                autocast_dtype, autocast_dtype)
+            from flexigpt.precision import AUTOCAST_DTYPES
+
+            autocast_dtype = AUTOCAST_DTYPES.get(autocast_dtype, autocast_dtype)
             if isinstance(autocast_dtype, str):
                 raise ValueError(f"autocast_dtype must be bfloat16 or float16, got "
                                  f"{autocast_dtype!r}")
