@@ -10,8 +10,9 @@ wildcards ``{model}/{method}/{variant}/{setting}``:
   training, at stage ``start`` (perplexity right after compression: Table 4's "Start PPL").
 - Held-out text is split by document (:func:`flexigpt.calibration.split_heldout`): every
   recovery choice reads the tuning split, perplexity only the test split.
-- A recovered run trains one model per point of its recipe's tuning grid (``sweep/t<i>``)
-  and keeps the one with the lowest tuning-split perplexity as ``trained/`` (its
+- A recovered run trains every point of its recipe's tuning grid in one job, by successive
+  halving (:func:`flexigpt.training.tuning.run_sweep`, rung ``tuning.rung`` of the
+  schedule), and keeps the best on the tuning split as ``trained/`` (its
   ``selection.json`` lists every trial).
 """
 
@@ -478,8 +479,11 @@ class RunGrid:
     def trial_ids(self, run: Run) -> list[str]:
         return [f"t{i}" for i in range(len(self.trials(run)))]
 
-    def trial_dir(self, run: Run, trial: str) -> str:
-        return f"{run.prefix}/sweep/{trial}/trained"
+    @property
+    def tuning_rung(self) -> float:
+        """Fraction of the schedule at which a sweep's trials are compared (``tuning.rung``,
+        default 0.5; 1 = every trial trained fully)."""
+        return float(self.tuning.get("rung", 0.5))
 
     def train_params(self, run: Run, trial: str | None = None) -> dict[str, Any]:
         """TrainConfig fields of one trial (``trial`` None: the first)."""
@@ -496,12 +500,6 @@ class RunGrid:
         chosen = trials[int(trial[1:]) if trial else 0]
         cfg.update({k: v for k, v in chosen.items() if k in ("lr", "gamma_lr")})
         return cfg
-
-    def trial_info(self, run: Run, trial: str) -> dict[str, Any]:
-        """What the trial script needs besides the TrainConfig."""
-        trials = self.trials(run)
-        return {"trial": trial, "grid": trials, "point": trials[int(trial[1:])],
-                "run": run.name}
 
     def eval_params(self, run: Run, stage: str) -> dict[str, Any]:
         ev = self.evaluation

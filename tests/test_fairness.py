@@ -178,7 +178,7 @@ def _dry_run_jobs(config: str, tmp_path: Path) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("config", ["config/config.yaml", "config/smoke.yaml"])
 def test_no_recovery_choice_reads_the_test_text(config, tmp_path):
     jobs = _dry_run_jobs(config, tmp_path)
-    trials = [inputs for rule, inputs in jobs if rule == "train_trial"]
+    trials = [inputs for rule, inputs in jobs if rule == "train"]
     evals = [inputs for rule, inputs in jobs if rule == "evaluate"]
     assert trials and evals
     assert all(".tune.txt" in i and ".test.txt" not in i for i in trials)

@@ -405,7 +405,8 @@ def read_flexigpt_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
 #: Columns of :func:`read_selection` / :func:`collect_selections` (one row per trial).
 SELECTION_COLUMNS = ("file", "run", "model", "method", "variant", "setting", "ratio", "metric",
                      "tune_text", "tune_windows", "lr", "gamma_lr", "tune_ppl",
-                     "tune_ppl_before", "trainable_params", "tokens", "diverged", "chosen")
+                     "tune_ppl_before", "tune_ppl_final", "rung_step", "steps",
+                     "trainable_params", "tokens", "diverged", "chosen")
 
 
 def _lr(path: Path, obj: dict, key: str, where: str, nullable: bool = False) -> float | None:
@@ -449,8 +450,9 @@ def read_selection(path: str | os.PathLike) -> pd.DataFrame:
     Schema 1: ``{"schema": 1, "run": "<model>/<method>/<variant>/<setting>", "metric",
     "tune_text", "tune_windows" (int | null), "chosen": {"lr", "gamma_lr"|null},
     "chosen_trial" (index, optional), "trials": [{"lr", "gamma_lr"|null, "tune_ppl",
-    "tune_ppl_before", "trainable_params", "tokens", "diverged" (optional)}]}`` (other keys,
-    e.g. ``grid``, are ignored). A diverged trial may have null lr / PPL / counts; a tune
+    "tune_ppl_before", "trainable_params", "tokens", "diverged" (optional), "tune_ppl_final"
+    (optional)}], "rung": {"step", "steps"} (optional: successive halving compared the
+    trials' ``tune_ppl`` at that step)}`` (other keys, e.g. ``grid``, are ignored). A diverged trial may have null lr / PPL / counts; a tune
     PPL may be null, NaN or Infinity. The chosen trial (``chosen_trial``, else the first
     trial with the chosen rates) must exist, agree with ``chosen`` and not be diverged.
     """
@@ -466,6 +468,13 @@ def read_selection(path: str | os.PathLike) -> pd.DataFrame:
             "metric": _need(path, data, "metric", str),
             "tune_text": _need(path, data, "tune_text", str),
             "tune_windows": _count(path, data, "tune_windows", "", nullable=True)}
+    rung = data.get("rung")
+    if rung is not None:
+        rung = _need(path, data, "rung", dict)
+        head.update(rung_step=_count(path, rung, "step", "rung."),
+                    steps=_count(path, rung, "steps", "rung."))
+    else:
+        head.update(rung_step=None, steps=None)
     chosen = _need(path, data, "chosen", dict)
     pick = (_lr(path, chosen, "lr", "chosen."),
             _lr(path, chosen, "gamma_lr", "chosen.", nullable=True)
@@ -486,6 +495,8 @@ def read_selection(path: str | os.PathLike) -> pd.DataFrame:
                      if "gamma_lr" in trial else None,
                      "tune_ppl": _ppl(path, trial, "tune_ppl", where),
                      "tune_ppl_before": _ppl(path, trial, "tune_ppl_before", where),
+                     "tune_ppl_final": _ppl(path, trial, "tune_ppl_final", where)
+                     if "tune_ppl_final" in trial else math.nan,
                      "trainable_params": _count(path, trial, "trainable_params", where,
                                                 nullable=True),
                      "tokens": _count(path, trial, "tokens", where, nullable=True),
@@ -509,7 +520,8 @@ def read_selection(path: str | os.PathLike) -> pd.DataFrame:
         raise ResultFileError(path, f"the chosen trial (trials[{best}]) diverged")
     rows[best]["chosen"] = True
     df = pd.DataFrame(rows, columns=list(SELECTION_COLUMNS))
-    for col in ("lr", "gamma_lr", "ratio", "trainable_params", "tokens", "tune_windows"):
+    for col in ("lr", "gamma_lr", "ratio", "trainable_params", "tokens", "tune_windows",
+                "rung_step", "steps"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     return df
 

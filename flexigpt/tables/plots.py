@@ -260,7 +260,10 @@ def lr_sweep(sel: pd.DataFrame, model: str, out_dir: str | os.PathLike, stem: st
             _log_y(ax)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("learning rate (log)", fontsize=8)
-        ax.set_ylabel("tune PPL", fontsize=8)
+        steps = g.dropna(subset=["rung_step", "steps"]) if "rung_step" in g else g.iloc[:0]
+        at = (f" at step {int(steps['rung_step'].iloc[0])}/{int(steps['steps'].iloc[0])}"
+              if len(steps) and steps["rung_step"].iloc[0] < steps["steps"].iloc[0] else "")
+        ax.set_ylabel(f"tune PPL{at}", fontsize=8)
         ax.grid(alpha=0.3, which="both")
         ax.tick_params(labelsize=8)
         if ax.lines:

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 _RANK = {m: i for i, m in enumerate(METHOD_ORDER)}
 _KINDS = {"LR": "sci", "γ LR": "sci", "Trainable (M)": "num", "Tokens": "si",
-          "PPL before": "ppl", "Tune PPL": "ppl"}
+          "PPL before": "ppl", "Tune PPL": "ppl", "Final tune PPL": "ppl"}
 
 
 def order_trials(sel: pd.DataFrame) -> pd.DataFrame:
@@ -53,11 +53,17 @@ def sweep_table(sel: pd.DataFrame, model: str, display: str | None = None) -> Ta
                                                       ours["setting"])],
         "LR": ours["lr"], "γ LR": ours["gamma_lr"],
         "Trainable (M)": ours["trainable_params"] / 1e6, "Tokens": ours["tokens"],
-        "PPL before": ours["tune_ppl_before"], "Tune PPL": ours["tune_ppl"],
+        "PPL before": ours["tune_ppl_before"], "At step": [
+            "" if pd.isna(k) else f"{int(k)}/{int(n)}"
+            for k, n in zip(ours["rung_step"], ours["steps"])],
+        "Tune PPL": ours["tune_ppl"], "Final tune PPL": ours["tune_ppl_final"],
         "Chosen": ["✓" if c else "diverged" if d or not math.isfinite(t) else ""
                    for c, d, t in zip(ours["chosen"], ours["diverged"], ours["tune_ppl"])]})
     if frame["γ LR"].isna().all():
         frame = frame.drop(columns="γ LR")
+    halving = ours["rung_step"].notna() & ours["rung_step"].lt(ours["steps"])
+    if not halving.any():
+        frame = frame.drop(columns=["At step", "Final tune PPL"])
     texts = sorted({t if pd.isna(w) else f"{t} ({int(w)} windows)"
                     for t, w in zip(ours["tune_text"], ours["tune_windows"])})
     metrics = sorted(set(ours["metric"]))
@@ -65,6 +71,10 @@ def sweep_table(sel: pd.DataFrame, model: str, display: str | None = None) -> Ta
              "with the trial's learning rate(s); PPL before = the same text before recovery. "
              "✓ = the chosen trial (selection.json); lowest Tune PPL per run in bold; "
              "diverged = the trial failed or ended with a non-finite tune PPL."]
+    if halving.any():
+        notes.append("Successive halving: every trial trained the first k of n steps on the "
+                     "full run's schedule and was compared by its Tune PPL at step k (At step "
+                     "k/n); only the chosen trial continued to step n (Final tune PPL).")
     if "γ LR" in frame:
         notes.append("γ LR = the learning rate of FlexiGPT's output-norm gains (– = none).")
     off = []

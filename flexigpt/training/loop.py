@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
+from flexigpt.artifacts import CheckpointError
 from flexigpt.perplexity import perplexity
 from flexigpt.precision import native_bf16
 from flexigpt.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
@@ -47,6 +48,7 @@ class LoopResult:
     accumulation: int
     processes: int
     seconds_this_run: float
+    stopped_at: int | None = None  # the step a ``stop_step`` run stopped at (checkpointed)
 
 
 def bf16_enabled(mode: str, device: torch.device) -> bool:
@@ -160,8 +162,14 @@ def _optimizer(model: nn.Module, cfg: TrainConfig, plan: TrainPlan) -> torch.opt
 
 def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor | None,
              cfg: TrainConfig, plan: TrainPlan, ckpt: Path, digest: str,
-             on_step: StepHook | None = None, teacher: nn.Module | None = None) -> LoopResult:
+             on_step: StepHook | None = None, teacher: nn.Module | None = None,
+             stop_step: int | None = None) -> LoopResult:
     """Train ``model``'s trainable parameters in place for ``cfg.steps()`` steps.
+
+    ``stop_step`` < ``cfg.steps()`` stops after that step of the same schedule (the LR
+    follows the full run's warm-up + cosine) and always writes the checkpoint there, so a
+    later call without it continues exactly (successive halving,
+    :mod:`flexigpt.training.tuning`). A checkpoint already past ``stop_step`` is refused.
 
     With ``cfg.loss == "kd"`` the loss is :func:`kd_loss` against ``teacher`` (a frozen
     model with the same tokenizer, run on the same windows; its forward counts in the step
@@ -199,6 +207,12 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps))
     state = load_checkpoint(ckpt, model, optimizer, scheduler, digest) or TrainState()
     resumed_from = state.step
+    last = steps if stop_step is None else min(int(stop_step), steps)
+    if last < 1:
+        raise ValueError(f"stop_step must be >= 1, got {stop_step!r}")
+    if state.step > last:
+        raise CheckpointError(f"training checkpoint {str(ckpt)!r} is at step {state.step}, "
+                              f"past the requested stop at step {last}")
     if resumed_from:
         log.info("resuming from %s at step %d/%d", ckpt, resumed_from, steps)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -224,7 +238,7 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
                disable=not accelerator.is_local_main_process)
     run_start = time.perf_counter()
     model.train()
-    for step in range(state.step + 1, steps + 1):
+    for step in range(state.step + 1, last + 1):
         torch.manual_seed((cfg.seed * 1_000_003 + step) * 1_009 + rank)
         tic = time.perf_counter()
         total = torch.zeros((), device=accelerator.device)
@@ -262,22 +276,29 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
         state.train_seconds += time.perf_counter() - tic
         row = {"step": step, "tokens": state.position * cfg.seq_len, "loss": mean_loss,
                "lr": lr, "ppl": None}
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
+        periodic = cfg.eval_every and step % cfg.eval_every == 0 and step < steps
+        if periodic or step == last < steps:  # a stop's PPL is saved with its checkpoint
             row["ppl"] = evaluate()
             model.train()
         state.log.append(row)
         bar.update(1)
         bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < steps:
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < last:
             if accelerator.is_main_process:
                 save_checkpoint(ckpt, inner, optimizer, scheduler, state, digest)
             accelerator.wait_for_everyone()
         if on_step is not None:
             on_step(step, mean_loss)
     bar.close()
+    stopped = last < steps
+    if stopped and state.step > resumed_from and accelerator.is_main_process:
+        # the state at the stop, whatever checkpoint_every (unless it was resumed there)
+        save_checkpoint(ckpt, inner, optimizer, scheduler, state, digest)
+    accelerator.wait_for_everyone()
     if cfg.compile:
         inner._compiled_call_impl = None  # back to eager for the final eval, merge and save
     inner.eval()
     return LoopResult(state=state, steps=steps, resumed_from=resumed_from, bf16=use_bf16,
                       accumulation=accum, processes=world,
-                      seconds_this_run=time.perf_counter() - run_start)
+                      seconds_this_run=time.perf_counter() - run_start,
+                      stopped_at=state.step if stopped else None)

@@ -37,7 +37,8 @@ CURVE_FILE = "loss_curve.png"
 def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainConfig,
                 text: str | os.PathLike, validation: str | os.PathLike | None = None,
                 on_step: StepHook | None = None,
-                teacher: str | os.PathLike | None = None) -> dict[str, Any]:
+                teacher: str | os.PathLike | None = None,
+                stop_step: int | None = None) -> dict[str, Any]:
     """Load ``model_dir`` (any method's output, or a plain HF checkpoint = method ``dense``),
     train it per ``cfg`` on ``text`` and save it to ``out_dir``.
 
@@ -45,9 +46,14 @@ def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: T
     (the DAG passes the tuning split, never the perplexity test text); ``teacher`` the
     dense model (dir or hub id) of ``cfg.loss == "kd"``.
 
+    ``stop_step`` (< the run's steps) trains only that far on the full run's schedule and
+    saves nothing but the checkpoint in ``<out>.ckpt/`` (the same call without it
+    continues from there): the rung of a successive-halving sweep.
+
     Returns:
         The manifest written to ``out_dir/manifest.json`` (input manifest + a ``history``
-        entry). ``out_dir`` also holds ``train_log.csv`` and ``loss_curve.png``.
+        entry). ``out_dir`` also holds ``train_log.csv`` and ``loss_curve.png``. A run
+        stopped at ``stop_step`` returns its :func:`rung_record` instead.
     """
     loaded = load_compressed(model_dir)
     source = {"model": str(Path(model_dir).resolve()),
@@ -58,14 +64,16 @@ def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: T
             raise ValueError("loss 'kd' needs a teacher model (train_model(teacher=...))")
         teacher_model = load_compressed(teacher).model
         source["teacher"] = str(teacher)
-    return train_loaded(loaded, out_dir, cfg, text, validation, source, on_step, teacher_model)
+    return train_loaded(loaded, out_dir, cfg, text, validation, source, on_step, teacher_model,
+                        stop_step)
 
 
 def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConfig,
                  text: str | os.PathLike, validation: str | os.PathLike | None = None,
                  source: dict[str, Any] | None = None,
                  on_step: StepHook | None = None,
-                 teacher: torch.nn.Module | None = None) -> dict[str, Any]:
+                 teacher: torch.nn.Module | None = None,
+                 stop_step: int | None = None) -> dict[str, Any]:
     """:func:`train_model` for a model already in memory (trained in place).
 
     ``source`` identifies the input model in the resume fingerprint; a checkpoint in
@@ -94,8 +102,11 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     if plan.recipe == "none":
         state = TrainState(log=[{"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": None}])
     else:
-        result = run_loop(model, stream, val, cfg, plan, ckpt, digest, on_step, teacher)
+        result = run_loop(model, stream, val, cfg, plan, ckpt, digest, on_step, teacher,
+                          stop_step)
         state = result.state
+        if result.stopped_at is not None:
+            return rung_record(state, cfg, plan.to_dict(), report.to_dict())
     model.eval()
     merged = merge_lora(model)
     main = _is_main_process()  # with several processes only the main one evaluates and saves
@@ -138,6 +149,17 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     log.info("trained %d steps, %d tokens in %.1fs; held-out ppl %s -> %s",
              state.step, tokens, state.train_seconds, before, final_ppl)
     return out_manifest
+
+
+def rung_record(state: TrainState, cfg: TrainConfig, plan: dict[str, Any],
+                trainable: dict[str, Any]) -> dict[str, Any]:
+    """What a run stopped early (``stop_step``) reports: the step it stopped at of how many,
+    its held-out PPL there and at step 0 (None without validation text), tokens so far."""
+    first = state.log[0] if state.log and state.log[0]["step"] == 0 else {}
+    return {"stage": "rung", "stopped_at_step": state.step, "steps": cfg.steps(),
+            "tokens": state.position * cfg.seq_len, "ppl": state.log[-1].get("ppl"),
+            "ppl_before": first.get("ppl"), "plan": plan, "trainable": trainable,
+            "train_seconds": round(state.train_seconds, 3)}
 
 
 def dense_manifest(model: torch.nn.Module, base: str | None, seed: int) -> dict[str, Any]:

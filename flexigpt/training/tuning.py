@@ -1,13 +1,18 @@
-"""Learning-rate selection on the tuning split: one trained model per trial, keep the best.
+"""Learning-rate selection on the tuning split: train the trials, keep the best.
 
 A *trial* is one recovery run of a model at one point of its recipe's tuning grid (``lr``,
-and ``gamma_lr`` for the ``flexigpt`` recipe). The DAG's ``train_trial`` rule
-(``workflow/scripts/train.py``) trains it and writes ``trial.json`` (:func:`trial_record`,
-:func:`diverged_record`) into its directory: the trial's point, its tuning-split perplexity before and
-after training (``final_ppl`` of the trainer, whose ``validation`` text is the tuning split)
-or ``diverged``. :func:`select_trial` keeps the trial with the lowest finite tuning
-perplexity (ties: the earlier trial), links its files into the run's ``trained/`` directory
-and adds ``selection.json`` listing every trial. The perplexity test text is never read here.
+and ``gamma_lr`` for the ``flexigpt`` recipe). The DAG's ``train`` rule
+(``workflow/scripts/train.py``) runs :func:`run_sweep`: every trial of a run in one process,
+as successive halving with one rung (Jamieson & Talwalkar 2016): each trial trains the
+first ``k = round(rung · n)`` of its ``n`` steps *on the full run's schedule*, is scored by
+its tuning-split perplexity at step k, and only the best continues from its checkpoint to
+step n (the next best if it diverges). ``rung = 1`` trains every trial fully and keeps the
+lowest final tuning perplexity. The chosen trial's model becomes the run's ``trained/``
+directory (hard links) with ``selection.json`` listing every trial (ties: the earlier
+trial). The perplexity test text is never read here.
+
+:func:`select_trial` keeps the best of trial directories already trained fully (each with a
+``trial.json`` from :func:`trial_record` / :func:`diverged_record`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from flexigpt.artifacts import atomic_directory, atomic_write_text
 log = logging.getLogger(__name__)
 
 TRIAL_FILE = "trial.json"
+RUNG_FILE = "rung.json"
 SELECTION_FILE = "selection.json"
 SCHEMA = 1
 
@@ -83,22 +89,166 @@ def select_trial(trial_dirs: list[str | os.PathLike], out_dir: str | os.PathLike
     """
     records = [read_trial(d) for d in trial_dirs]
     best = best_trial(records)
-    chosen = Path(trial_dirs[best])
-    selection = {"schema": SCHEMA, **meta, "metric": "tune_ppl", "chosen_trial": best,
-                 "chosen": {"lr": records[best]["lr"], "gamma_lr": records[best]["gamma_lr"]},
-                 "trials": [{k: r.get(k) for k in ("lr", "gamma_lr", "tune_ppl",
-                                                   "tune_ppl_before", "trainable_params",
-                                                   "tokens", "diverged", "budget")}
-                            for r in records]}
-    with atomic_directory(out_dir) as staged:
-        staged.rmdir()
-        shutil.copytree(chosen, staged, copy_function=_link_or_copy)
-        (staged / TRIAL_FILE).unlink()
-        atomic_write_text(staged / SELECTION_FILE, json.dumps(selection, indent=2) + "\n")
+    selection = _selection(meta, records, best)
+    _publish(Path(trial_dirs[best]), out_dir, selection)
     log.info("chose trial %d of %d (lr %s, gamma_lr %s, tune ppl %.4f)", best, len(records),
              selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
              records[best]["tune_ppl"])
     return selection
+
+
+def _selection(meta: dict[str, Any], records: list[dict[str, Any]], best: int) -> dict[str, Any]:
+    keys = ("lr", "gamma_lr", "tune_ppl", "tune_ppl_before", "tune_ppl_final",
+            "stopped_at_step", "trainable_params", "tokens", "diverged", "budget")
+    return {"schema": SCHEMA, **meta, "metric": "tune_ppl", "chosen_trial": best,
+            "chosen": {"lr": records[best]["lr"], "gamma_lr": records[best]["gamma_lr"]},
+            "trials": [{k: r.get(k) for k in keys} for r in records]}
+
+
+def _publish(chosen: Path, out_dir: str | os.PathLike, selection: dict[str, Any]) -> None:
+    """``chosen`` (a saved model) appears at ``out_dir`` (hard links) with ``selection.json``."""
+    with atomic_directory(out_dir) as staged:
+        staged.rmdir()
+        shutil.copytree(chosen, staged, copy_function=_link_or_copy)
+        (staged / TRIAL_FILE).unlink(missing_ok=True)
+        atomic_write_text(staged / SELECTION_FILE, json.dumps(selection, indent=2) + "\n")
+
+
+def rung_step(steps: int, trials: int, rung: float) -> int:
+    """The step at which the trials of a sweep are compared: ``steps`` for one trial or
+    ``rung >= 1``, else ``round(rung · steps)`` clamped to ``[1, steps − 1]``."""
+    if not 0 < rung <= 1:
+        raise ValueError(f"tuning rung must be in (0, 1], got {rung!r}")
+    if trials == 1 or rung >= 1 or steps < 2:
+        return steps
+    return max(1, min(steps - 1, round(rung * steps)))
+
+
+def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
+              configs: list[Any], points: list[dict[str, Any]], text: str | os.PathLike,
+              tune: str | os.PathLike, meta: dict[str, Any], rung: float = 0.5,
+              teacher: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Train the trials ``configs`` (TrainConfigs, one per grid ``points`` entry) of one run
+    and save the best as ``out_dir`` with ``selection.json`` (see the module docstring).
+
+    Scratch space is ``<out_dir>.sweep/t<i>/`` (checkpoints, ``rung.json``); it is removed
+    once ``out_dir`` is in place. Rerunning after a kill resumes: finished rungs are read
+    back (when their config, step and input are the same), training resumes from the
+    trials' checkpoints. ``meta`` is copied into the selection record.
+
+    Returns:
+        The selection record (``rung``: step, steps, fraction; per trial ``tune_ppl`` = the
+        score it was compared by, ``tune_ppl_final`` for trials trained to the end).
+
+    Raises:
+        ValueError: empty grid, trials with different step counts, or no trial that
+            finished with a finite tuning perplexity.
+    """
+    from flexigpt.training import TrainingDivergedError, train_model
+
+    if not configs or len(configs) != len(points):
+        raise ValueError(f"a sweep needs one config per grid point ({len(configs)} configs, "
+                         f"{len(points)} points)")
+    steps = configs[0].steps()
+    if any(c.steps() != steps for c in configs):
+        raise ValueError("every trial of a sweep must train the same number of steps")
+    k = rung_step(steps, len(configs), rung)
+    scratch = Path(out_dir).with_name(Path(out_dir).name + ".sweep")
+    trial_out = [scratch / f"t{i}" / "trained" for i in range(len(configs))]
+    records: list[dict[str, Any]] = [{} for _ in configs]
+
+    def train(i: int, stop: int | None) -> dict[str, Any] | str:
+        """The manifest (or rung record) of trial i, or the error message if it diverged."""
+        cfg = configs[i]
+        try:
+            return train_model(model_dir, trial_out[i], cfg, text=text, validation=tune,
+                               teacher=teacher, stop_step=stop)
+        except TrainingDivergedError as err:  # a result of the sweep, not a failure
+            log.warning("trial t%d (lr %s, gamma_lr %s) diverged: %s", i, cfg.lr,
+                        cfg.gamma_lr, err)
+            return str(err)
+
+    if k < steps:
+        for i, cfg in enumerate(configs):
+            records[i] = _rung(scratch / f"t{i}", i, cfg, points[i], k, model_dir,
+                               lambda i=i: train(i, k))
+        order = [i for _, i in sorted((r["tune_ppl"], i) for i, r in enumerate(records)
+                                      if _finite_score(r))]
+        log.info("rung at step %d of %d: tune ppl %s", k, steps,
+                 [r.get("tune_ppl") for r in records])
+    else:
+        order = list(range(len(configs)))
+    finished: list[int] = []
+    for i in order:
+        done = trial_out[i] / TRIAL_FILE
+        if done.is_file():  # trained to the end before an interruption
+            final = read_trial(trial_out[i])
+        else:
+            manifest = train(i, None)
+            if isinstance(manifest, str):  # after the rung: keep its score, mark it diverged
+                records[i] = ({**records[i], "diverged": True, "error": manifest} if k < steps
+                              else diverged_record(points[i], configs[i].lr,
+                                                   configs[i].gamma_lr, manifest))
+                continue
+            final = trial_record(manifest, points[i])
+            atomic_write_text(done, json.dumps(final, indent=2) + "\n")
+        if k < steps:
+            records[i] = {**records[i], "tune_ppl_final": final["tune_ppl"],
+                          "stopped_at_step": steps, "tokens": final["tokens"]}
+        else:
+            records[i] = {**final, "tune_ppl_final": final["tune_ppl"], "stopped_at_step": steps}
+        finished.append(i)
+        if k < steps:
+            break
+    if not finished:
+        raise ValueError(f"no trial of {len(configs)} finished with a finite tuning perplexity")
+    best = finished[0] if k < steps else finished[best_trial([records[i] for i in finished])]
+    selection = {**_selection(meta, records, best),
+                 "rung": {"step": k, "steps": steps, "fraction": k / steps}}
+    _publish(trial_out[best], out_dir, selection)
+    shutil.rmtree(scratch, ignore_errors=True)
+    log.info("chose trial %d of %d (lr %s, gamma_lr %s; tune ppl %.4f at step %d of %d)",
+             best, len(configs), selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
+             records[best]["tune_ppl"], k, steps)
+    return selection
+
+
+def _finite_score(record: dict[str, Any]) -> bool:
+    value = record.get("tune_ppl")
+    return (not record.get("diverged") and isinstance(value, (int, float))
+            and math.isfinite(value))
+
+
+def _rung(trial_dir: Path, index: int, cfg: Any, point: dict[str, Any], step: int,
+          model_dir: str | os.PathLike, train: Any) -> dict[str, Any]:
+    """The rung record of one trial: read back from ``rung.json`` when it was made with the
+    same config, step and input model, else trained now (``train()``) and written there."""
+    key = {"config": cfg.to_dict(), "step": step, "model": str(Path(model_dir).resolve())}
+    path = trial_dir / RUNG_FILE
+    if path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            saved = {}
+        if saved.get("key") == json.loads(json.dumps(key, default=str)):
+            log.info("trial t%d: rung record read back from %s", index, path)
+            return saved["record"]
+    result = train()
+    if isinstance(result, str):  # diverged before the rung
+        record = diverged_record(point, cfg.lr, cfg.gamma_lr, result)
+    else:
+        plan, trainable = result["plan"], result["trainable"]
+        record = {"schema": SCHEMA, "point": point, "diverged": False, "lr": plan["lr"],
+                  "gamma_lr": plan["gamma_lr"] if plan["recipe"] == "flexigpt" else None,
+                  "tune_ppl": result["ppl"], "tune_ppl_before": result["ppl_before"],
+                  "stopped_at_step": result["stopped_at_step"], "tune_ppl_final": None,
+                  "trainable_params": trainable["trainable_parameters"],
+                  "tokens": result["tokens"], "recipe": plan["recipe"],
+                  "budget": trainable.get("budget")}
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"key": key, "record": record}, indent=2,
+                                       default=str) + "\n")
+    return record
 
 
 def chosen_rates(trained_dir: str | os.PathLike) -> dict[str, float | None]:

@@ -22,7 +22,6 @@ wildcard_constraints:
     variant="[a-z0-9_]+",
     setting=r"r0\.[0-9]+|full|L[0-9]+",
     stage="start|final",
-    trial="t[0-9]+",
 
 
 def model_input(wildcards):
@@ -70,8 +69,8 @@ def eval_params(wildcards):
     return GRID.eval_params(run_of(wildcards), wildcards.stage)
 
 
-def trial_inputs(wildcards):
-    """A tuning trial trains the run's compressed model; the budget, learning rates and
+def train_inputs(wildcards):
+    """Recovery trains the run's compressed model; the budget, learning rates and
     teacher of a like-for-like run come from the runs it names."""
     run = run_of(wildcards)
     inputs = {"model": run.compressed_dir, "text": GRID.train_text, "tune": GRID.tune_text}
@@ -85,18 +84,16 @@ def trial_inputs(wildcards):
     return inputs
 
 
-def trial_params(wildcards):
-    return GRID.train_params(run_of(wildcards), wildcards.trial)
+def train_trials(wildcards):
+    """TrainConfig fields and grid point of every trial of the run's tuning grid."""
+    run = run_of(wildcards)
+    return [{"config": GRID.train_params(run, t), "point": point}
+            for t, point in zip(GRID.trial_ids(run), GRID.trials(run))]
 
 
 def trial_teacher(wildcards):
     run = run_of(wildcards)
     return GRID.model_path(wildcards.model) if run.loss == "kd" else None
-
-
-def select_inputs(wildcards):
-    run = run_of(wildcards)
-    return {"trials": [GRID.trial_dir(run, t) for t in GRID.trial_ids(run)]}
 
 
 def select_meta(wildcards):

@@ -1,22 +1,24 @@
-# Recovery training with the one shared trainer: one trial per point of the recipe's tuning
-# grid (each resumes from its checkpoint), then the trial with the lowest tuning-split
-# perplexity becomes the run's trained model.
+# Recovery training with the one shared trainer: every point of the recipe's tuning grid in
+# one job, as successive halving (flexigpt.training.tuning.run_sweep): each trial trains to
+# the rung on the full schedule, the one with the lowest tuning-split perplexity there
+# continues to the end and becomes the run's trained model (resumes after a kill).
 
 
-rule train_trial:
+rule train:
     input:
-        unpack(trial_inputs),
+        unpack(train_inputs),
     output:
-        model=temp(directory("results/{model}/{method}/{variant}/{setting}/sweep/{trial}/trained")),
+        model=directory("results/{model}/{method}/{variant}/{setting}/trained"),
     params:
-        train=trial_params,
-        trial=lambda wildcards: GRID.trial_info(run_of(wildcards), wildcards.trial),
+        trials=train_trials,
+        meta=select_meta,
+        rung=GRID.tuning_rung,
         teacher=trial_teacher,
         code=CODE_VERSION,
     log:
-        "logs/{model}/{method}/{variant}/{setting}/train_{trial}.log",
+        "logs/{model}/{method}/{variant}/{setting}/train.log",
     benchmark:
-        "benchmarks/{model}/{method}/{variant}/{setting}/train_{trial}.tsv"
+        "benchmarks/{model}/{method}/{variant}/{setting}/train.tsv"
     threads: JOB_THREADS
     resources:
         mem_mb=12000,
@@ -25,19 +27,3 @@ rule train_trial:
         "../../environment.yml"
     script:
         "../scripts/train.py"
-
-
-rule select_trial:
-    input:
-        unpack(select_inputs),
-    output:
-        model=directory("results/{model}/{method}/{variant}/{setting}/trained"),
-    params:
-        meta=select_meta,
-        code=CODE_VERSION,
-    log:
-        "logs/{model}/{method}/{variant}/{setting}/select.log",
-    conda:
-        "../../environment.yml"
-    script:
-        "../scripts/select_trial.py"

@@ -1,0 +1,115 @@
+"""Successive halving: a run stopped at the rung continues exactly; the sweep keeps the best
+at the rung, trains only it to the end, records every trial and resumes after a kill."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import flexigpt.training.tuning as tuning
+from flexigpt.artifacts import CheckpointError, load_compressed
+from flexigpt.training import TrainConfig, train_model
+from flexigpt.training.checkpoint import checkpoint_dir
+from flexigpt.training.tuning import SELECTION_FILE, rung_step, run_sweep
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def small(**kw) -> TrainConfig:
+    """6 steps of 4 windows × 32 tokens (LoRA recipe), no periodic checkpoints."""
+    base = dict(tokens=32 * 4 * 6, seq_len=32, micro_batch=2, global_batch=4, eval_windows=4,
+                checkpoint_every=0, bf16="off", warmup=1, recipe="lora", lora_rank=4, lr=5e-3)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _weights(path):
+    return load_compressed(path).model.state_dict()
+
+
+def _same(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rung_step():
+    assert rung_step(16, 2, 0.5) == 8 and rung_step(16, 1, 0.5) == 16
+    assert rung_step(16, 3, 1.0) == 16 and rung_step(3, 2, 0.01) == 1
+    assert rung_step(3, 2, 0.99) == 2
+    with pytest.raises(ValueError, match="rung"):
+        rung_step(16, 2, 0.0)
+
+
+def test_stop_at_the_rung_then_continue_equals_one_run(tiny_checkpoint, text_file, tmp_path):
+    cfg = small()
+    whole = train_model(tiny_checkpoint, tmp_path / "a", cfg, text_file, text_file)
+    out = tmp_path / "b"
+    rung = train_model(tiny_checkpoint, out, cfg, text_file, text_file, stop_step=3)
+    assert rung["stage"] == "rung" and rung["stopped_at_step"] == 3 and rung["steps"] == 6
+    assert not out.exists() and checkpoint_dir(out).exists()  # only the checkpoint
+    state = json.loads((checkpoint_dir(out) / "state.json").read_text())
+    assert state["step"] == 3 and state["log"][-1]["ppl"] == rung["ppl"]
+    assert rung["ppl_before"] == whole["history"][-1]["ppl_before"]
+    with pytest.raises(CheckpointError, match="past the requested stop"):
+        train_model(tiny_checkpoint, out, cfg, text_file, text_file, stop_step=2)
+    done = train_model(tiny_checkpoint, out, cfg, text_file, text_file)
+    assert done["history"][-1]["resumed_from_step"] == 3
+    assert done["history"][-1]["final_ppl"] == whole["history"][-1]["final_ppl"]
+    assert _same(_weights(tmp_path / "a"), _weights(out))
+    assert not checkpoint_dir(out).exists()
+
+
+def _sweep(tiny_checkpoint, text_file, out, rung=0.5):
+    configs = [small(lr=5e-3), small(lr=1e-6)]  # 1e-6 barely moves: the worse tune PPL
+    points = [{"lr": 5e-3}, {"lr": 1e-6}]
+    return run_sweep(tiny_checkpoint, out, configs, points, text_file, text_file,
+                     meta={"run": "m/x/default/r0.3", "tune_text": str(text_file),
+                           "tune_windows": 4, "grid": points}, rung=rung)
+
+
+def test_sweep_continues_only_the_best_at_the_rung(tiny_checkpoint, text_file, tmp_path):
+    out = tmp_path / "trained"
+    selection = _sweep(tiny_checkpoint, text_file, out)
+    assert selection["rung"] == {"step": 3, "steps": 6, "fraction": 0.5}
+    assert selection["chosen_trial"] == 0 and selection["chosen"]["lr"] == 5e-3
+    won, lost = selection["trials"]
+    assert won["tune_ppl"] < lost["tune_ppl"] and won["stopped_at_step"] == 6
+    assert lost["stopped_at_step"] == 3 and lost["tune_ppl_final"] is None
+    assert won["tune_ppl_final"] < won["tune_ppl"] and lost["tokens"] == 32 * 4 * 3
+    assert json.loads((out / SELECTION_FILE).read_text()) == selection
+    # the kept model is the winner trained without interruption
+    train_model(tiny_checkpoint, tmp_path / "ref", small(lr=5e-3), text_file, text_file)
+    assert _same(_weights(tmp_path / "ref"), _weights(out))
+    assert not (tmp_path / "trained.sweep").exists()
+
+
+def test_sweep_with_rung_one_trains_every_trial_fully(tiny_checkpoint, text_file, tmp_path):
+    selection = _sweep(tiny_checkpoint, text_file, tmp_path / "trained", rung=1.0)
+    assert selection["rung"]["step"] == 6 and selection["chosen_trial"] == 0
+    assert [t["stopped_at_step"] for t in selection["trials"]] == [6, 6]
+    assert all(t["tune_ppl"] == t["tune_ppl_final"] for t in selection["trials"])
+
+
+def test_sweep_resumes_without_retraining(tiny_checkpoint, text_file, tmp_path, monkeypatch):
+    out = tmp_path / "trained"
+    real = tuning._publish
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("simulated kill before the output appeared")
+
+    monkeypatch.setattr(tuning, "_publish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _sweep(tiny_checkpoint, text_file, out)
+    assert not out.exists() and (tmp_path / "trained.sweep" / "t1" / "rung.json").exists()
+    monkeypatch.setattr(tuning, "_publish", real)
+    calls = []
+    import flexigpt.training as training
+
+    original = training.train_model
+    monkeypatch.setattr(training, "train_model",
+                        lambda *a, **k: calls.append(k) or original(*a, **k))
+    selection = _sweep(tiny_checkpoint, text_file, out)
+    assert calls == [] and selection["chosen_trial"] == 0  # every record read back
+    train_model(tiny_checkpoint, tmp_path / "ref", small(lr=5e-3), text_file, text_file)
+    assert _same(_weights(tmp_path / "ref"), _weights(out))
