@@ -1,5 +1,6 @@
 # Two commands for a fresh machine (both idempotent; a second call reuses the environment):
-#   make run    set up .venv and run the main job (snakemake --cores all, config/config.yaml)
+#   make run    set up .venv and run the main job (flexigpt run --cores all = snakemake that
+#               clears a stale lock and reruns cut jobs; config/config.yaml)
 #   make test   set up .venv and run the test suite
 PYTHON ?= python3
 VENV := .venv
@@ -18,10 +19,10 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 run: setup
-	. $(BIN)/activate && snakemake --cores all
+	. $(BIN)/activate && flexigpt run --cores all
 
 smoke: setup
-	. $(BIN)/activate && snakemake --cores all --configfile config/smoke.yaml
+	. $(BIN)/activate && flexigpt run --cores all --configfile config/smoke.yaml
 
 test: setup
 	. $(BIN)/activate && python -m pytest -q -m "not slow"
@@ -34,4 +35,4 @@ lint: setup
 	. $(BIN)/activate && snakemake --lint
 
 report: setup
-	. $(BIN)/activate && snakemake --report results/report.html
+	. $(BIN)/activate && snakemake --report results/smollm2-135m/report.html

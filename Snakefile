@@ -26,4 +26,4 @@ include: "workflow/rules/report.smk"
 rule all:
     default_target: True
     input:
-        "results/tables",
+        TABLES_DIR,

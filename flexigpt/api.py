@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from flexigpt import faults
 from flexigpt.artifacts import check_output, save_compressed
 from flexigpt.calibration import token_windows
 from flexigpt.models.loading import load_model
@@ -69,6 +70,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
     log.info("compressing %s with %s (%s)", model_spec, method, cfg)
     with torch.no_grad():
         result = spec.compress(model, tokenizer, calib, cfg)
+    faults.point("compress:done")
     seconds = time.perf_counter() - start
     params = count_parameters(result.model)
     manifest = {

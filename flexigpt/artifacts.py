@@ -37,6 +37,7 @@ between identical runs (:data:`VOLATILE_KEYS`: timestamps and timings).
 from __future__ import annotations
 
 import contextvars
+import glob
 import hashlib
 import json
 import os
@@ -51,6 +52,8 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
+
+from flexigpt import faults
 
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
@@ -294,6 +297,7 @@ def atomic_directory(out_dir: str | os.PathLike, force: bool | None = None,
     old = None
     try:
         yield tmp
+        faults.point("save:staged")
         _write_marker(tmp)
         check_output(out, _kind_of(tmp) if kind is None else kind, force)
         _apply_umask(tmp)
@@ -302,6 +306,7 @@ def atomic_directory(out_dir: str | os.PathLike, force: bool | None = None,
         elif out.exists():
             old = out.parent / f"{tmp.name}.old-{secrets.token_hex(4)}"
             os.replace(out, old)
+            faults.point("save:swap")
         os.replace(tmp, out)
     finally:
         for leftover in (tmp, old):
@@ -310,14 +315,24 @@ def atomic_directory(out_dir: str | os.PathLike, force: bool | None = None,
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a text file via a temporary sibling and ``os.replace`` (mode per umask)."""
+    """Write a UTF-8 text file atomically (:func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write a file via a temporary sibling and ``os.replace`` (mode per umask); the
+    temporaries of an earlier write of ``path`` that was killed are removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        if stale.is_file():
+            stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.chmod(tmp, 0o666 & ~current_umask())
+        faults.point("write:staged")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "tables": "flexigpt.commands.tables",
     "export": "flexigpt.commands.export",
     "generate": "flexigpt.commands.generate",
+    "run": "flexigpt.commands.run",
 }
 
 
@@ -76,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         if not any("--force" in a.option_strings for a in train_parser._actions):
             train_parser.add_argument("--force", action="store_true",
                                       help="replace --out even if it is not a saved model")
-    args = parser.parse_args(argv)
+    if chosen == "run":  # everything after `run` belongs to snakemake, unparsed
+        cut = argv.index("run") + 1
+        args = parser.parse_args(argv[:cut])
+        args.snakemake_args = argv[cut:]
+    else:
+        args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     module = importlib.import_module(COMMANDS[args.command])

@@ -110,6 +110,8 @@ def check_sizes(run: Run, cfg: Any, model: Any) -> tuple[str, str] | None:
         try:
             check_flexigpt_rank(model, probe)  # the bound flexigpt.api.compress applies
         except ValueError as err:
+            if str(err).startswith("distance_rank"):
+                return "distance_rank", str(err)
             return name, str(err) if name == "rank" else f"{name}: {err}"
     hidden = int(model.config.hidden_size)
     for option in LORA_RANK_OPTIONS.get(run.method, ()):

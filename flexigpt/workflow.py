@@ -164,6 +164,18 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _table1_ratios(where: str, section: dict[str, Any], ratios: list[float],
+                   needed: bool = True) -> list[float]:
+    """``section["ratios"]`` (default: every Table 1 ratio); when the section's runs reuse a
+    Table 1 run (its learning rates or compressed model), each must be a Table 1 ratio."""
+    chosen = list(section.get("ratios", ratios))
+    missing = [r for r in chosen if r not in ratios]
+    if needed and missing:
+        raise ValueError(f"{where}: {missing} not in ratios {list(ratios)} (these runs reuse "
+                         "the Table 1 run at the same ratio; add it to ratios or drop it here)")
+    return chosen
+
+
 def replicate_runs(runs: dict[Key, Run], spec: dict[str, Any]) -> list[Run]:
     """Seed replicates of Table 1 runs: ``spec = {"seeds": [1, 2], "runs": ["flexigpt",
     "shortgpt_lora", "slicegpt/rft"]}`` → for every named run at every ratio and every seed,
@@ -300,7 +312,8 @@ class RunGrid:
             block["options"] = {**block["options"], "policy": "paper"}
             block["match"] = None  # same int(ratio·L) blocks: nothing to match
             block["lr_from"] = None
-            for ratio in protocol.get("ratios", config["ratios"]):  # reuse Table 1's LRs
+            for ratio in _table1_ratios("paper_protocol.ratios", protocol, config["ratios"],
+                                        needed=bool(block.get("recovery"))):  # Table 1's LRs
                 setting = f"r{ratio:g}"
                 ref = (key, name, "default", setting)
                 add(method_run(name, "paper", block, setting, "paper_protocol", "paper",
@@ -316,7 +329,7 @@ class RunGrid:
             block["training"] = {**block["training"], "loss": "kd",
                                  "kd_temperature": kd.get("temperature", 2.0)}
             kd_variant = "kd" if variant == "default" else f"{variant}_kd"
-            for ratio in kd.get("ratios", config["ratios"]):
+            for ratio in _table1_ratios("kd.ratios", kd, config["ratios"]):
                 setting = f"r{ratio:g}"
                 ref = (key, name, variant, setting)
                 add(method_run(name, kd_variant, block, setting, "kd", "matched", "default",
@@ -326,6 +339,7 @@ class RunGrid:
             if ("flexigpt", "default") not in blocks:
                 raise ValueError("ablations need methods.flexigpt")
             base = blocks[("flexigpt", "default")]
+            _table1_ratios("ablations.ratio", {"ratios": [ablations["ratio"]]}, config["ratios"])
             setting = f"r{ablations['ratio']:g}"
             ref = (key, "flexigpt", "default", setting)
             for variant, overrides in ablations["variants"].items():

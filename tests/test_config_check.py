@@ -137,3 +137,24 @@ def test_tables_rule_needs_the_directories_its_figures_read(tmp_path):
     figures = grid.figure_inputs()
     for path in figures["train_logs"] + figures["manifests"]:
         assert str(Path(path).parent) in inputs
+
+
+@pytest.mark.parametrize("mutate,where", [
+    (lambda c: c["kd"].update(ratios=[0.5]), "kd.ratios: [0.5] not in ratios [0.3]"),
+    (lambda c: c["paper_protocol"].update(ratios=[0.45]),
+     "paper_protocol.ratios: [0.45] not in ratios [0.3]"),
+    (lambda c: c["ablations"].update(ratio=0.4), "ablations.ratio: [0.4] not in ratios [0.3]"),
+])
+def test_sections_reusing_table1_runs_need_its_ratios(mutate, where):
+    cfg = copy.deepcopy(SMOKE)
+    mutate(cfg)
+    with pytest.raises(ValueError, match=re.escape(where)):
+        RunGrid.from_config(cfg)
+
+
+@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="tiny-llama not built")
+def test_distance_rank_beyond_every_matrix_rank_rejected():
+    message = grid_error(lambda c: c["ablations"]["variants"]["no_lowrank"].update(
+        distance_rank=4096))
+    line = next(ln for ln in message.splitlines() if "distance_rank 4096" in ln)
+    assert "tiny-llama/flexigpt/no_lowrank/r0.3" in line and "largest useful" in line

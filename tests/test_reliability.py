@@ -349,3 +349,43 @@ def test_train_resaves_over_its_previous_output(tiny_checkpoint, text_file, tmp_
     assert manifest_hash(again) == manifest_hash(first)
     assert (out / "train_log.csv").is_file() and load_compressed(out).manifest is not None
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+# ---- 5. recovery without manual steps: a stale Snakemake lock ---------------------------
+def _fake_proc(root: Path, workdir: Path, argv: list[str] | None) -> Path:
+    proc = root / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cwd").symlink_to(workdir)
+    if argv is not None:
+        (proc / "4242").mkdir()
+        (proc / "4242" / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+        (proc / "4242" / "cwd").symlink_to(workdir)
+    return proc
+
+
+@pytest.mark.parametrize("argv,kept", [
+    (["/usr/bin/python3", "-m", "snakemake", "--cores", "2"], True),
+    (["/venv/bin/python", "/venv/bin/snakemake", "--cores", "all"], True),
+    (["/usr/bin/python3", "train.py"], False),
+    (None, False),
+])
+def test_stale_lock_is_cleared_a_live_one_kept(tmp_path, argv, kept):
+    from flexigpt.commands.run import LOCK_DIR, clear_stale_lock, snakemake_command
+
+    work = tmp_path / "work"
+    (work / LOCK_DIR).mkdir(parents=True)
+    lock = work / LOCK_DIR / "0.input.lock"
+    lock.write_text("x")
+    removed = clear_stale_lock(work, _fake_proc(tmp_path, work, argv))
+    assert lock.exists() == kept and (removed == []) == kept
+    assert snakemake_command(["--cores", "2"])[-1] == "--rerun-incomplete"
+    assert snakemake_command(["--rerun-incomplete"]).count("--rerun-incomplete") == 1
+
+
+def test_no_proc_leaves_the_lock(tmp_path):
+    from flexigpt.commands.run import LOCK_DIR, clear_stale_lock
+
+    (tmp_path / LOCK_DIR).mkdir(parents=True)
+    (tmp_path / LOCK_DIR / "0.output.lock").write_text("x")
+    assert clear_stale_lock(tmp_path, tmp_path / "no-proc") == []
+    assert (tmp_path / LOCK_DIR / "0.output.lock").exists()

@@ -42,11 +42,11 @@ def test_smoke_dag_end_to_end(tmp_path):
         if result["labels"]["ratio"] is not None:
             assert result["parameters"]["achieved_ratio"] > 0.05, target
 
-    table1 = (tmp_path / "results/tables/table1_tiny-llama.csv").read_text()
+    table1 = (tmp_path / "results/tiny-llama/tables/table1_tiny-llama.csv").read_text()
     for method in ("shortgpt", "shortgpt_lora", "slicegpt", "llm_pruner", "flexigpt"):
         assert table1.count(method) >= 2, method  # both ratios
     assert "nan" not in table1.lower().replace("n/a", "")
-    md = (tmp_path / "results/tables/table1_tiny-llama.md").read_text()
+    md = (tmp_path / "results/tiny-llama/tables/table1_tiny-llama.md").read_text()
     # * marks exactly the recovery-trained rows (smoke config: ShortGPT + LoRA and FlexiGPT)
     assert "| FlexiGPT* |" in md and "| ShortGPT + LoRA* |" in md
     assert "| SliceGPT* |" not in md and "| LLM-Pruner* |" not in md

@@ -123,7 +123,8 @@ def test_partial_grid(tmp_path: Path) -> None:
              EVAL / "shortgpt-default-r0.4-final-s0.json"]
     written = build_all(None, tmp_path, results=files, make_plots=False)
     names = sorted(p.name for p in written)
-    assert names == ["comparisons.csv", "comparisons.md", "report.md", "table1_smollm2-135m.csv",
+    assert names == ["comparisons.csv", "comparisons.md", "report.html", "report.md",
+                     "table1_smollm2-135m.csv",
                      "table1_smollm2-135m.md", "table1_smollm2-135m.tex", "verdicts.csv",
                      "verdicts.md"]
     md = (tmp_path / "table1_smollm2-135m.md").read_text()
@@ -625,3 +626,15 @@ def test_recovery_with_unknown_fields_still_renders(new_tree: Path, tmp_path: Pa
     build_all(new_tree, tmp_path / "out", make_plots=False)
     rows = _block_rows((tmp_path / "out" / f"table1_{SMOL}.md").read_text(), f"Ours: {SMOL}")
     assert rows["SliceGPT + RFT*"][3:7] == ["–", "–", "–", "–"]
+
+
+def test_html_rendering_escapes_text_and_bolds_the_best():
+    from flexigpt.tables.render import Block, Table, html_page
+
+    frame = pd.DataFrame({"Method": ["<A> & B", "C"], "PPL": [5.0, 4.0]})
+    block = Block("rows <1>", frame, {"PPL": "ppl"}, {"PPL": "min"}, notes=["a < b"])
+    page = html_page("T & t", [Table("t", "title", [block], frame)])
+    assert "&lt;A&gt; &amp; B" in page and "<A>" not in page
+    assert "<b>4.00</b>" in page and "<b>5.00</b>" not in page
+    assert "<h3>rows &lt;1&gt;</h3>" in page and "<p>a &lt; b</p>" in page
+    assert page.count("<tr>") == 3 and "<title>T &amp; t</title>" in page

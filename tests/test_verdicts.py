@@ -128,6 +128,10 @@ def test_verdict_follows_the_interval(tmp_path, shift, flex_extra, base_extra, v
     assert set(v.loc[v["Claim"].str.startswith("(f)"), "Verdict"]) == {MISSING_RUN}
     report = (tmp_path / "o" / "report.md").read_text()
     assert report.index("Verdicts on the paper's claims") < report.index("Table 1")
+    page = (tmp_path / "o" / "report.html").read_text()  # the Snakemake report embeds it
+    assert page.startswith("<!doctype html>") and page.index("Verdicts on the paper") < \
+        page.index("Table 1")
+    assert page.count("<table>") == report.count("\n### ") and "<td" in page
 
 
 def test_intervals_in_table1_cover_the_point_value(tmp_path):
@@ -235,3 +239,24 @@ def test_error_bars_and_recovery_figure(tmp_path, monkeypatch):
                                          figs["fig_recovery_smollm2-135m_r0.3"].axes[0].texts)
     md = (tmp_path / "o" / "table1_smollm2-135m.md").read_text()
     assert "Tokens to SG+LoRA loss" in md and curves.REACH_NOTE in md
+
+
+def test_comparisons_cover_paper_protocol_and_kd_rows(tmp_path):
+    root = grid(tmp_path / "r", -0.1, WIN, NONE)
+    common = set(range(80))
+    write_run(root, "flexigpt", "paper", 0.3, table="paper_protocol", trained=True,
+              correct=common | WIN, log_ppl=BASE_LP - 0.2)
+    write_run(root, "shortgpt_lora", "paper", 0.3, table="paper_protocol", trained=True,
+              correct=common, log_ppl=BASE_LP)
+    write_run(root, "flexigpt", "kd", 0.3, table="kd", trained=True, correct=common,
+              log_ppl=BASE_LP + 0.3)  # FlexiGPT (LM) is BASE_LP - 0.1
+    build_all(root, tmp_path / "o", make_plots=False, formats=("md", "csv"))
+    comp = pd.read_csv(tmp_path / "o" / "comparisons.csv")
+    ppl = comp[comp["metric"].eq("log_ppl")].set_index(["variant", "comparison"])
+    paper = ppl.loc[("paper", "vs ShortGPT + LoRA* (paper protocol)")]
+    assert paper["baseline"] == "shortgpt_lora/paper" and paper["estimate"] == pytest.approx(-0.2)
+    kd = ppl.loc[("kd", "KD vs LM loss")]
+    assert kd["baseline"] == "flexigpt/default" and kd["estimate"] == pytest.approx(0.4)
+    assert kd["ci_low"] > 0 and paper["ci_high"] < 0
+    avg = comp[comp["metric"].eq("avg") & comp["variant"].eq("kd")].iloc[0]
+    assert avg["estimate"] == pytest.approx(-100 * len(WIN) / N_DOCS)

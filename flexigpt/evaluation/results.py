@@ -41,13 +41,13 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from flexigpt import faults
 from flexigpt.evaluation.tasks import PAPER_TASKS, task_specs
 from flexigpt.evaluation.zeroshot import BACKENDS, lm_config, make_lm, run_tasks
 
@@ -173,6 +173,7 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
                             enabled=autocast is not None):
             result["perplexity"] = perplexity_block(model, tokenizer, cfg, windows_out=windows)
         result["perplexity"]["autocast"] = dtype_name(autocast)
+        faults.point("eval:ppl")
     doc_records: list[dict[str, Any]] = []
     if specs:
         lm = make_lm(model, tokenizer, backend=cfg.backend, batch_size=cfg.batch_size,
@@ -270,38 +271,18 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """``atomic_write_text`` for bytes (temporary sibling, mode per umask, ``os.replace``)."""
-    try:
-        from flexigpt.artifacts import current_umask
-        mask = current_umask()
-    except ImportError:  # older artifacts module
-        mask = os.umask(0o022)
-        os.umask(mask)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def write_records(out_json: str | os.PathLike, docs: list[dict[str, Any]] | None,
                   windows: dict[str, Any] | None) -> dict[str, str | None]:
     """Write the per-document / per-window records of ``out_json`` atomically (a stale file
     of a kind not written this time is removed); returns the result's ``records`` field."""
-    from flexigpt.artifacts import atomic_write_text
+    from flexigpt.artifacts import atomic_write_bytes, atomic_write_text
 
     paths = records_paths(out_json)
     field_: dict[str, str | None] = {"tasks": None, "perplexity": None}
     if docs is not None:
         lines = "".join(json.dumps(d, sort_keys=True, default=_json_default) + "\n"
                         for d in docs)
-        _atomic_write_bytes(paths["tasks"], gzip.compress(lines.encode("utf-8"), mtime=0))
+        atomic_write_bytes(paths["tasks"], gzip.compress(lines.encode("utf-8"), mtime=0))
         field_["tasks"] = paths["tasks"].name
     if windows is not None:
         atomic_write_text(paths["perplexity"], json.dumps(windows, sort_keys=True) + "\n")

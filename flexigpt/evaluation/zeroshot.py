@@ -171,4 +171,10 @@ def run_task(lm: Any, spec: TaskSpec, limit: int | None,
 def run_tasks(lm: Any, specs: list[TaskSpec], limit: int | None,
               records: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """:func:`run_task` for each spec, in order (``records``: see there)."""
-    return {spec.name: run_task(lm, spec, limit, records) for spec in specs}
+    from flexigpt import faults
+
+    results = {}
+    for spec in specs:
+        results[spec.name] = run_task(lm, spec, limit, records)
+        faults.point("eval:task")
+    return results

@@ -202,11 +202,19 @@ def check_rank(adapter: ArchAdapter, block: nn.Module, rank: int, hidden_size: i
 
 def check_flexigpt_rank(model: nn.Module, cfg: object) -> None:
     """:func:`check_rank` for a FlexiGPT pruning config (``rank`` None → hidden/16) on
-    ``model``, before any work. Called by ``flexigpt.api.compress``."""
+    ``model``, and its ``distance_rank`` (when set) against the largest matrix rank of a
+    block, before any work. Called by ``flexigpt.api.compress`` and the DAG's config check."""
     from flexigpt.models.adapters import get_adapter
 
     adapter = get_adapter(model)
     hidden = model.config.hidden_size
+    block = adapter.layers(model)[0]
     rank = getattr(cfg, "rank", None) or default_rank(hidden)
-    check_rank(adapter, adapter.layers(model)[0], rank, hidden, getattr(cfg, "output_norm", True),
+    check_rank(adapter, block, rank, hidden, getattr(cfg, "output_norm", True),
                getattr(cfg, "prenorm", "copy"))
+    distance_rank = getattr(cfg, "distance_rank", None)
+    full = max(min(lin.weight.shape) for lin in adapter.block_linears(block).values())
+    if distance_rank is not None and distance_rank > full:
+        raise ValueError(f"distance_rank {distance_rank} exceeds the rank of every linear of a "
+                         f"block (largest min(out, in) = {full}); the largest useful "
+                         f"distance_rank for this model is {full}")

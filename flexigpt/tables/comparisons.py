@@ -8,8 +8,10 @@ the task average in points (%), log-PPL in nats. Each cell is a :class:`Diff` wh
 evaluated), ``unpaired`` (the runs scored different documents / windows:
 :class:`stats.PairingError`). Results are cached per (A, B, metric).
 
-The table pairs, per model: every Table 1 row with the dense model, and every FlexiGPT
-row of Table 1 with its like-for-like baseline (ShortGPT + LoRA at the same ratio).
+The table pairs, per model: every Table 1 row with the dense model, every FlexiGPT row of
+Table 1 with its like-for-like baseline (ShortGPT + LoRA at the same ratio), the
+paper-protocol FlexiGPT with the paper-protocol ShortGPT + LoRA, and every KD row with the
+same method's LM-loss recovery.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 import pandas as pd
 
 from flexigpt import stats
-from flexigpt.tables.build import METHOD_LABELS, TASK_HEADERS, main_rows, row_label
+from flexigpt.tables.build import (METHOD_LABELS, TASK_HEADERS, lm_variant, main_rows,
+                                   row_label, table_rows)
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.render import Block, Table
@@ -116,18 +119,27 @@ def key_of(agg: pd.DataFrame, model: str, method: str, variant: str, ratio: floa
 
 
 def pairs(agg: pd.DataFrame, model: str) -> list[tuple[str, pd.Series, tuple]]:
-    """(what, row A, key B): each Table 1 row vs dense, each FlexiGPT row vs ShortGPT +
-    LoRA at the same ratio."""
+    """(what, row A, key B): each Table 1 row vs dense and each FlexiGPT row vs ShortGPT +
+    LoRA at the same ratio; the paper-protocol FlexiGPT vs the paper-protocol ShortGPT +
+    LoRA; each KD row vs the same method's LM-loss row (same LM variant and ratio)."""
     rows = main_rows(agg, model)
     dense = key_of(agg, model, "dense", "default", 0.0)
+    like = f"vs {METHOD_LABELS['shortgpt_lora']}*"
     out = []
     for _, row in rows.sort_values(["ratio", "method", "variant"]).iterrows():
         if row["method"] == "dense":
             continue
         out.append(("vs Dense", row, dense))
         if row["method"] == "flexigpt":
-            base = key_of(agg, model, "shortgpt_lora", "default", row["ratio"])
-            out.append((f"vs {METHOD_LABELS['shortgpt_lora']}*", row, base))
+            out.append((like, row, key_of(agg, model, "shortgpt_lora", "default", row["ratio"])))
+    protocol = table_rows(agg, model, "paper_protocol", dense=False)
+    for _, row in protocol[protocol["method"].eq("flexigpt")].sort_values("ratio").iterrows():
+        out.append((f"{like} (paper protocol)", row,
+                    key_of(agg, model, "shortgpt_lora", row["variant"], row["ratio"])))
+    kd = table_rows(agg, model, "kd", dense=False)
+    for _, row in kd.sort_values(["ratio", "method", "variant"]).iterrows():
+        out.append(("KD vs LM loss", row,
+                    key_of(agg, model, row["method"], lm_variant(row["variant"]), row["ratio"])))
     return out
 
 

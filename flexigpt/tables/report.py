@@ -19,10 +19,12 @@ from flexigpt.tables.collect import (Inputs, collect_results, collect_selections
                                      read_train_log)
 from flexigpt.tables.published import load_published
 from flexigpt.tables.intervals import RecordStore, add_intervals
-from flexigpt.tables.render import to_markdown, write_table
+from flexigpt.tables.render import html_page, to_markdown, write_table
 from flexigpt.tables.verdicts import verdict_table
 
 log = logging.getLogger(__name__)
+
+REPORT_TITLE = "FlexiGPT reproduction report"
 
 PathList = list[str | os.PathLike] | None
 
@@ -134,9 +136,11 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
             written += write_table(table, out, sweep_formats)
     if summary and "md" in formats:
         report = out / "report.md"
-        atomic_write_text(report, "# FlexiGPT reproduction report\n\n"
+        atomic_write_text(report, f"# {REPORT_TITLE}\n\n"
                           + "\n".join(to_markdown(t) for t in summary))
-        written.append(report)
+        page = out / "report.html"  # the same tables, for the Snakemake HTML report
+        atomic_write_text(page, html_page(REPORT_TITLE, summary))
+        written += [report, page]
     if make_plots:
         written += _figures(agg, logs, records, root, out, names)
         for model in sweep_models:

@@ -13,8 +13,9 @@ every step (dropout is the only consumer) and the data order is a pure function 
 position (:mod:`flexigpt.training.data`), so step k+1 of a resumed run is computed exactly
 as in an uninterrupted one.
 
-Writes go to a temporary sibling; the previous checkpoint is moved aside and deleted only
-after the new one is in place, so an interruption never leaves no checkpoint.
+Writes go to a temporary sibling (``.<name>.partial-<pid>-*``, removed by the next save
+when its writer is dead); the previous checkpoint is moved aside and deleted only after the
+new one is in place, so an interruption never leaves no checkpoint.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from flexigpt.artifacts import CheckpointError
+from flexigpt import faults
+from flexigpt.artifacts import CheckpointError, clean_partials
 
 STATE = "state.json"
 FORMAT = 1
@@ -66,7 +68,8 @@ def save_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
                     state: TrainState, digest: str) -> None:
     """Write a checkpoint atomically (``model`` unwrapped; call on the main process only)."""
     ckpt.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.partial-", dir=ckpt.parent))
+    clean_partials(ckpt)  # a save that was killed mid-write
+    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.partial-{os.getpid()}-", dir=ckpt.parent))
     old = ckpt.with_name(ckpt.name + ".old")
     try:
         torch.save(trainable_state(model), tmp / "trainable.pt")
@@ -76,10 +79,12 @@ def save_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
             {"format": FORMAT, "fingerprint": digest, "step": state.step,
              "position": state.position, "train_seconds": state.train_seconds,
              "log": state.log}, indent=1))
+        faults.point("ckpt:staged")
         if ckpt.exists():
             if old.exists():
                 shutil.rmtree(old)
             os.replace(ckpt, old)
+            faults.point("ckpt:swap")
         os.replace(tmp, ckpt)
         if old.exists():
             shutil.rmtree(old)
@@ -139,6 +144,8 @@ def load_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
 
 
 def remove_checkpoint(ckpt: Path) -> None:
+    """The checkpoint, its moved-aside predecessor and any partial save of it."""
     for path in (ckpt, ckpt.with_name(ckpt.name + ".old")):
         if path.exists():
             shutil.rmtree(path)
+    clean_partials(ckpt)

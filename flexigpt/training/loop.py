@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
+from flexigpt import faults
 from flexigpt.artifacts import CheckpointError
 from flexigpt.perplexity import perplexity
 from flexigpt.precision import native_bf16
@@ -287,6 +288,7 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
             if accelerator.is_main_process:
                 save_checkpoint(ckpt, inner, optimizer, scheduler, state, digest)
             accelerator.wait_for_everyone()
+        faults.point("train:step")
         if on_step is not None:
             on_step(step, mean_loss)
     bar.close()

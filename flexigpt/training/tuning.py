@@ -25,12 +25,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from flexigpt import faults
 from flexigpt.artifacts import atomic_directory, atomic_write_text
 
 log = logging.getLogger(__name__)
 
 TRIAL_FILE = "trial.json"
 RUNG_FILE = "rung.json"
+FINAL_FILE = "final.json"
 SELECTION_FILE = "selection.json"
 SCHEMA = 1
 
@@ -131,7 +133,8 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """Train the trials ``configs`` (TrainConfigs, one per grid ``points`` entry) of one run
     and save the best as ``out_dir`` with ``selection.json`` (see the module docstring).
 
-    Scratch space is ``<out_dir>.sweep/t<i>/`` (checkpoints, ``rung.json``); it is removed
+    Scratch space is ``<out_dir>.sweep/t<i>/`` (checkpoints, ``rung.json``,
+    ``final.json``, the trial's trained model); it is removed
     once ``out_dir`` is in place. Rerunning after a kill resumes: finished rungs are read
     back (when their config, step and input are the same), training resumes from the
     trials' checkpoints. ``meta`` is copied into the selection record.
@@ -170,7 +173,7 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
     if k < steps:
         for i, cfg in enumerate(configs):
-            records[i] = _rung(scratch / f"t{i}", i, cfg, points[i], k, model_dir,
+            records[i] = _rung(scratch / f"t{i}", cfg, points[i], k, model_dir,
                                lambda i=i: train(i, k))
         order = [i for _, i in sorted((r["tune_ppl"], i) for i, r in enumerate(records)
                                       if _finite_score(r))]
@@ -180,23 +183,20 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         order = list(range(len(configs)))
     finished: list[int] = []
     for i in order:
-        done = trial_out[i] / TRIAL_FILE
-        if done.is_file():  # trained to the end before an interruption
-            final = read_trial(trial_out[i])
-        else:
-            manifest = train(i, None)
-            if isinstance(manifest, str):  # after the rung: keep its score, mark it diverged
-                records[i] = ({**records[i], "diverged": True, "error": manifest} if k < steps
-                              else diverged_record(points[i], configs[i].lr,
-                                                   configs[i].gamma_lr, manifest))
-                continue
-            final = trial_record(manifest, points[i])
-            atomic_write_text(done, json.dumps(final, indent=2) + "\n")
+        manifest = _cached(scratch / f"t{i}" / FINAL_FILE, _key(configs[i], steps, model_dir),
+                           lambda i=i: _final(train(i, None), points[i]))
+        if manifest.get("diverged"):  # after the rung: keep its score, mark it diverged
+            records[i] = ({**records[i], "diverged": True, "error": manifest["error"]}
+                          if k < steps else diverged_record(points[i], configs[i].lr,
+                                                            configs[i].gamma_lr,
+                                                            manifest["error"]))
+            continue
         if k < steps:
-            records[i] = {**records[i], "tune_ppl_final": final["tune_ppl"],
-                          "stopped_at_step": steps, "tokens": final["tokens"]}
+            records[i] = {**records[i], "tune_ppl_final": manifest["tune_ppl"],
+                          "stopped_at_step": steps, "tokens": manifest["tokens"]}
         else:
-            records[i] = {**final, "tune_ppl_final": final["tune_ppl"], "stopped_at_step": steps}
+            records[i] = {**manifest, "tune_ppl_final": manifest["tune_ppl"],
+                          "stopped_at_step": steps}
         finished.append(i)
         if k < steps:
             break
@@ -205,7 +205,10 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     best = finished[0] if k < steps else finished[best_trial([records[i] for i in finished])]
     selection = {**_selection(meta, records, best),
                  "rung": {"step": k, "steps": steps, "fraction": k / steps}}
+    faults.point("sweep:publish")
     _publish(trial_out[best], out_dir, selection)
+    for stored in scratch.glob(f"t*/{FINAL_FILE}"):  # first: never read back a half-removed model
+        stored.unlink()
     shutil.rmtree(scratch, ignore_errors=True)
     log.info("chose trial %d of %d (lr %s, gamma_lr %s; tune ppl %.4f at step %d of %d)",
              best, len(configs), selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
@@ -219,35 +222,55 @@ def _finite_score(record: dict[str, Any]) -> bool:
             and math.isfinite(value))
 
 
-def _rung(trial_dir: Path, index: int, cfg: Any, point: dict[str, Any], step: int,
-          model_dir: str | os.PathLike, train: Any) -> dict[str, Any]:
-    """The rung record of one trial: read back from ``rung.json`` when it was made with the
-    same config, step and input model, else trained now (``train()``) and written there."""
+def _key(cfg: Any, step: int, model_dir: str | os.PathLike) -> dict[str, Any]:
+    """What a stored rung / final record must have been made with to be read back."""
     key = {"config": cfg.to_dict(), "step": step, "model": str(Path(model_dir).resolve())}
-    path = trial_dir / RUNG_FILE
+    return json.loads(json.dumps(key, default=str))
+
+
+def _cached(path: Path, key: dict[str, Any], compute: Any) -> dict[str, Any]:
+    """The record stored at ``path`` for ``key``, else ``compute()`` stored there."""
     if path.is_file():
         try:
             saved = json.loads(path.read_text())
         except json.JSONDecodeError:
             saved = {}
-        if saved.get("key") == json.loads(json.dumps(key, default=str)):
-            log.info("trial t%d: rung record read back from %s", index, path)
+        if saved.get("key") == key:
+            log.info("%s: read back", path)
             return saved["record"]
-    result = train()
-    if isinstance(result, str):  # diverged before the rung
-        record = diverged_record(point, cfg.lr, cfg.gamma_lr, result)
-    else:
-        plan, trainable = result["plan"], result["trainable"]
-        record = {"schema": SCHEMA, "point": point, "diverged": False, "lr": plan["lr"],
-                  "gamma_lr": plan["gamma_lr"] if plan["recipe"] == "flexigpt" else None,
-                  "tune_ppl": result["ppl"], "tune_ppl_before": result["ppl_before"],
-                  "stopped_at_step": result["stopped_at_step"], "tune_ppl_final": None,
-                  "trainable_params": trainable["trainable_parameters"],
-                  "tokens": result["tokens"], "recipe": plan["recipe"],
-                  "budget": trainable.get("budget")}
-    trial_dir.mkdir(parents=True, exist_ok=True)
+    record = compute()
     atomic_write_text(path, json.dumps({"key": key, "record": record}, indent=2,
                                        default=str) + "\n")
+    return record
+
+
+def _final(result: dict[str, Any] | str, point: dict[str, Any]) -> dict[str, Any]:
+    """The record of a trial trained to the end (or of its divergence)."""
+    if isinstance(result, str):
+        return {"diverged": True, "error": result}
+    return trial_record(result, point)
+
+
+def _rung(trial_dir: Path, cfg: Any, point: dict[str, Any], step: int,
+          model_dir: str | os.PathLike, train: Any) -> dict[str, Any]:
+    """The rung record of one trial: read back from ``rung.json`` when it was made with the
+    same config, step and input model, else trained now (``train()``) and stored there."""
+
+    def compute() -> dict[str, Any]:
+        result = train()
+        if isinstance(result, str):  # diverged before the rung
+            return diverged_record(point, cfg.lr, cfg.gamma_lr, result)
+        plan, trainable = result["plan"], result["trainable"]
+        return {"schema": SCHEMA, "point": point, "diverged": False, "lr": plan["lr"],
+                "gamma_lr": plan["gamma_lr"] if plan["recipe"] == "flexigpt" else None,
+                "tune_ppl": result["ppl"], "tune_ppl_before": result["ppl_before"],
+                "stopped_at_step": result["stopped_at_step"], "tune_ppl_final": None,
+                "trainable_params": trainable["trainable_parameters"],
+                "tokens": result["tokens"], "recipe": plan["recipe"],
+                "budget": trainable.get("budget")}
+
+    record = _cached(trial_dir / RUNG_FILE, _key(cfg, step, model_dir), compute)
+    faults.point("sweep:rung")
     return record
 
 

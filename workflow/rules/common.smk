@@ -4,16 +4,22 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from flexigpt.provenance import code_version
+from flexigpt.code_deps import rule_code_version
 from flexigpt.workflow import RunGrid
 
 validate(config, schema="../schemas/config.schema.yaml")
 # builds every run's method config and TrainConfigs, checks sizes and model paths: a bad
 # option is a short error here, before any job (flexigpt.config_check)
 GRID = RunGrid.from_config(config)
-CODE_VERSION = code_version()
+
+def code_of(script):
+    """Hash of the harness code a rule's script can run (flexigpt.code_deps): a rule's jobs
+    rerun when that code changes, and only then (editing a plot reruns only the tables)."""
+    return rule_code_version(Path(workflow.basedir) / "workflow" / "scripts" / f"{script}.py")
+
 JOB_THREADS = config.get("jobs", {}).get("threads", 2)  # torch threads of each heavy job
 JOB_GPU = config.get("jobs", {}).get("gpu", 1)  # `gpu` resource units each heavy job holds
+TABLES_DIR = f"results/{config['model']['key']}/tables"  # this config's tables and figures
 
 
 wildcard_constraints:

@@ -9,7 +9,7 @@ rule compress:
     params:
         run=compress_params,
         model=lambda wildcards: GRID.model_path(wildcards.model),
-        code=CODE_VERSION,
+        code=code_of("compress"),
     log:
         "logs/{model}/{method}/{variant}/{setting}/compress.log",
     benchmark:

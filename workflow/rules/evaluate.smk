@@ -9,7 +9,7 @@ rule evaluate:
         "results/{model}/{method}/{variant}/{setting}/eval_{stage}.json",
     params:
         evaluation=eval_params,
-        code=CODE_VERSION,
+        code=code_of("evaluate"),
     log:
         "logs/{model}/{method}/{variant}/{setting}/eval_{stage}.log",
     benchmark:
@@ -31,7 +31,7 @@ rule inference_cost:
         "results/{model}/inference.json",
     params:
         inference=GRID.inference,
-        code=CODE_VERSION,
+        code=code_of("inference"),
     log:
         "logs/{model}/inference.log",
     # every local core (capped): no other job shares the CPU while latencies are timed

@@ -63,7 +63,7 @@ rule block_influence:
     params:
         model=lambda wildcards: GRID.model_path(wildcards.model),
         calibration=GRID.calibration,
-        code=CODE_VERSION,
+        code=code_of("block_influence"),
     log:
         "logs/{model}/block_influence.log",
     benchmark:

@@ -14,7 +14,7 @@ rule train:
         meta=select_meta,
         rung=GRID.tuning_rung,
         teacher=trial_teacher,
-        code=CODE_VERSION,
+        code=code_of("train"),
     log:
         "logs/{model}/{method}/{variant}/{setting}/train.log",
     benchmark:

@@ -2,6 +2,7 @@
 
 import json
 
+from flexigpt.artifacts import atomic_write_text
 from flexigpt.block_influence import block_influence
 from flexigpt.calibration import token_windows
 from flexigpt.models import load_model
@@ -16,6 +17,6 @@ windows = token_windows(snakemake.input.text, tokenizer, cal["seq_len"], cal["n_
                         seed=cal["seed"])
 scores = block_influence(model, windows)
 log.info("block influence: %s", [round(s, 4) for s in scores])
-with open(snakemake.output[0], "w") as fh:
-    json.dump({"block_influence": scores, "calibration": {**cal, "text": snakemake.input.text}},
-              fh, indent=2)
+atomic_write_text(snakemake.output[0], json.dumps(
+    {"block_influence": scores, "calibration": {**cal, "text": snakemake.input.text}},
+    indent=2))
