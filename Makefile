@@ -35,4 +35,4 @@ lint: setup
 	. $(BIN)/activate && snakemake --lint
 
 report: setup
-	. $(BIN)/activate && snakemake --report results/smollm2-135m/report.html
+	. $(BIN)/activate && snakemake --cores 1 --report results/smollm2-135m/report.html

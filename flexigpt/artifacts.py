@@ -215,7 +215,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_partials(out_dir: str | os.PathLike) -> list[Path]:
-    """Remove ``.<name>.partial-*`` siblings left by interrupted saves to ``out_dir``.
+    """Remove ``.<name>.partial-*`` siblings left by interrupted saves to ``out_dir``, and
+    the ``..<name>.partial-*`` ones of a save nested in such a staging directory (a model
+    saved into the staging directory of a training output).
 
     A partial whose writer process (pid in its name) is still alive is kept.
     """
@@ -223,9 +225,10 @@ def clean_partials(out_dir: str | os.PathLike) -> list[Path]:
     removed = []
     if not out.parent.is_dir():
         return removed
-    prefix = f".{out.name}.partial-"
+    prefixes = (f".{out.name}.partial-", f"..{out.name}.partial-")
     for path in out.parent.iterdir():
-        if not path.name.startswith(prefix):
+        prefix = next((p for p in prefixes if path.name.startswith(p)), None)
+        if prefix is None:
             continue
         pid = path.name[len(prefix):].split("-", 1)[0]
         if pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))):

@@ -29,11 +29,13 @@ def point(name: str) -> None:
     spec = os.environ.get(ENV)
     if not spec:
         return
-    target, _, nth = spec.partition(":")
+    target, _, nth = spec.rpartition(":")
+    if not nth.isdigit():  # no arrival count: the whole spec is the point's name
+        target, nth = spec, "1"
     if target != name:
         return
     _arrivals[name] = _arrivals.get(name, 0) + 1
-    if _arrivals[name] != int(nth or 1):
+    if _arrivals[name] != int(nth):
         return
     mark = os.environ.get("FLEXIGPT_KILL_MARK")
     if mark:

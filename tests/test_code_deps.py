@@ -53,11 +53,10 @@ def test_editing_a_plot_reruns_only_the_tables(tmp_path):
         fh.write("\n# an edit\n")
     after = _versions(root)
     assert [r for r in RULES if after[r] != before[r]] == ["tables"]
-    with open(root / "flexigpt/training/loop.py", "a") as fh:
+    with open(root / "flexigpt/evaluation/lm.py", "a") as fh:  # the fast scorer
         fh.write("\n# an edit\n")
     again = _versions(root)
-    changed = {r for r in RULES if again[r] != after[r]}
-    assert "train" in changed and "compress" not in changed and "evaluate" not in changed
+    assert {r for r in RULES if again[r] != after[r]} == {"evaluate", "inference", "tables"}
     with open(root / "flexigpt/data/published_results.csv", "a") as fh:  # data: every rule
         fh.write("\n")
     assert all(v != again[r] for r, v in _versions(root).items())
@@ -76,7 +75,8 @@ make_model().save_pretrained(ckpt); tok.save_pretrained(ckpt)
 for name in sorted(METHODS):
     if name in ("dense", "flexigpt_extend"):
         continue
-    compress(name, ckpt, f"{{ckpt}}-{{name}}", options={{"ratio": 0.25}}, calibration=text,
+    extra = {{"round_to": 2, "tolerance": 0.05}} if name == "slicegpt" else {{}}
+    compress(name, ckpt, f"{{ckpt}}-{{name}}", options={{"ratio": 0.25, **extra}}, calibration=text,
              n_calibration=2, calibration_seq_len=16)
 mods = sorted(m for m in sys.modules if m.split(".")[0] in ("flexigpt", "baselines"))
 print(json.dumps([getattr(sys.modules[m], "__file__", None) for m in mods]))

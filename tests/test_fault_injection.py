@@ -207,7 +207,7 @@ MINI = {
     "tuning": {"windows": 2, "rung": 0.5,
                "grid": {"flexigpt": {"lr": [4.0e-3], "gamma_lr": [1.0e-2, 5.0e-2]}}},
     "training": {"tokens": 1024, "seq_len": 32, "micro_batch": 4, "global_batch": 4,
-                 "eval_windows": 2, "checkpoint_every": 2},
+                 "eval_windows": 2},
     "evaluation": {"tasks": ["arc_easy", "piqa"], "limit": 2, "ppl_seq_len": 64,
                    "ppl_windows": 2, "backend": "fast", "batch_size": 4},
     "inference": {"batch": 1, "seq_len": 16, "repeats": 1},

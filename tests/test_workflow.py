@@ -55,6 +55,9 @@ def test_schema_methods_match_registry():
     (lambda c: c.update(ratios=[1.5]), "1.5"),
     (lambda c: c["evaluation"].update(tasks=["mmlu"]), "mmlu"),
     (lambda c: c["jobs"].update(gpu=2), "gpu"),
+    # a user's config is validated as written: never completed from the default's keys
+    (lambda c: c.pop("model"), "'model' is a required property"),
+    (lambda c: c.pop("training"), "'training' is a required property"),
 ])
 def test_bad_config_rejected_before_any_job(mutate, message, tmp_path):
     cfg = load("config/smoke.yaml")
