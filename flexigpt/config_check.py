@@ -101,8 +101,13 @@ def _skeleton(path: str) -> Any:
 
 def check_sizes(run: Run, cfg: Any, model: Any) -> tuple[str, str] | None:
     """``(option, problem)`` when a size option of ``cfg`` is useless on ``model``."""
-    from flexigpt.methods.surgery import check_flexigpt_rank
+    from flexigpt.methods.surgery import check_distance_rank, check_flexigpt_rank
 
+    if run.method == "flexigpt":
+        try:
+            check_distance_rank(model, cfg)
+        except ValueError as err:
+            return "distance_rank", str(err)
     ranks = {"flexigpt": "rank", "shortgpt_lora": "flexigpt_rank"}
     name = ranks.get(run.method)
     if name is not None and (name == "rank" or getattr(cfg, name) is not None):
@@ -110,8 +115,6 @@ def check_sizes(run: Run, cfg: Any, model: Any) -> tuple[str, str] | None:
         try:
             check_flexigpt_rank(model, probe)  # the bound flexigpt.api.compress applies
         except ValueError as err:
-            if str(err).startswith("distance_rank"):
-                return "distance_rank", str(err)
             return name, str(err) if name == "rank" else f"{name}: {err}"
     hidden = int(model.config.hidden_size)
     for option in LORA_RANK_OPTIONS.get(run.method, ()):

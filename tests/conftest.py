@@ -14,6 +14,16 @@ WORDS = ("the of and to in is was for on that with as by at from his her are wer
          "north south famous history modern language island empire science").split()
 
 
+
+def without_keys(value, keys):
+    """``value`` (nested dicts / lists, e.g. a manifest) without the dict entries named in
+    ``keys``, at any depth: what two runs must agree on beyond their timestamps/timings."""
+    if isinstance(value, dict):
+        return {k: without_keys(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [without_keys(v, keys) for v in value]
+    return value
+
 def make_text(n_docs: int = 60, words_per_doc: int = 120, seed: int = 0) -> str:
     """Pseudo-English documents separated by blank lines (deterministic)."""
     rng = random.Random(seed)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import without_keys
 from flexigpt.artifacts import MARKER, VOLATILE_KEYS
 from test_evaluation import SPLITS, fake_docs
 
@@ -37,11 +38,7 @@ RUN_KEYS = VOLATILE_KEYS | {"resumed_from_step", "seconds"}
 
 # ---- comparison --------------------------------------------------------------------------
 def _normalised(value):
-    if isinstance(value, dict):
-        return {k: _normalised(v) for k, v in value.items() if k not in RUN_KEYS}
-    if isinstance(value, list):
-        return [_normalised(v) for v in value]
-    return value
+    return without_keys(value, RUN_KEYS)
 
 
 def _content(path: Path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_model
+from conftest import make_model, without_keys
 from flexigpt.api import compress as api_compress
 from flexigpt.artifacts import (MARKER, VOLATILE_KEYS, CheckpointError, OutputExistsError,
                                 atomic_directory, atomic_write_text, load_compressed,
@@ -153,11 +153,7 @@ def test_outputs_follow_the_umask(tiny_model, tiny_tokenizer, tmp_path, mask):
 
 # ---- 2. integrity of the whole checkpoint -----------------------------------------------
 def _strip(manifest):
-    if isinstance(manifest, dict):
-        return {k: _strip(v) for k, v in manifest.items() if k not in VOLATILE_KEYS}
-    if isinstance(manifest, list):
-        return [_strip(v) for v in manifest]
-    return manifest
+    return without_keys(manifest, VOLATILE_KEYS)
 
 
 def test_identical_compress_runs_are_byte_identical(tiny_checkpoint, text_file, tmp_path):

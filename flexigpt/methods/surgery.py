@@ -212,9 +212,21 @@ def check_flexigpt_rank(model: nn.Module, cfg: object) -> None:
     rank = getattr(cfg, "rank", None) or default_rank(hidden)
     check_rank(adapter, block, rank, hidden, getattr(cfg, "output_norm", True),
                getattr(cfg, "prenorm", "copy"))
+    check_distance_rank(model, cfg)
+
+
+def check_distance_rank(model: nn.Module, cfg: object) -> None:
+    """Raise ``ValueError`` (naming the largest useful value) when ``cfg.distance_rank`` is
+    above the rank of every linear of a block of ``model`` (it would be clamped)."""
+    from flexigpt.models.adapters import get_adapter
+
     distance_rank = getattr(cfg, "distance_rank", None)
+    if distance_rank is None:
+        return
+    adapter = get_adapter(model)
+    block = adapter.layers(model)[0]
     full = max(min(lin.weight.shape) for lin in adapter.block_linears(block).values())
-    if distance_rank is not None and distance_rank > full:
+    if distance_rank > full:
         raise ValueError(f"distance_rank {distance_rank} exceeds the rank of every linear of a "
                          f"block (largest min(out, in) = {full}); the largest useful "
                          f"distance_rank for this model is {full}")

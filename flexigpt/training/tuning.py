@@ -40,14 +40,21 @@ SCHEMA = 1
 def trial_record(manifest: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
     """The ``trial.json`` of a finished trial, from the trained model's manifest."""
     entry = manifest["history"][-1]
-    plan = entry["plan"]
-    budget = entry["trainable"].get("budget")
-    return {"schema": SCHEMA, "point": point, "diverged": False,
-            "lr": plan["lr"], "gamma_lr": plan["gamma_lr"] if plan["recipe"] == "flexigpt"
-            else None, "tune_ppl": entry["final_ppl"], "tune_ppl_before": entry["ppl_before"],
-            "trainable_params": entry["trainable"]["trainable_parameters"],
-            "tokens": entry["tokens"], "recipe": plan["recipe"], "loss": entry.get("loss", "lm"),
-            "budget": budget}
+    return {**_scored(point, entry["plan"], entry["trainable"], entry["final_ppl"],
+                      entry["ppl_before"], entry["tokens"]),
+            "loss": entry.get("loss", "lm")}
+
+
+def _scored(point: dict[str, Any], plan: dict[str, Any], trainable: dict[str, Any],
+            tune_ppl: float | None, tune_ppl_before: float | None,
+            tokens: int) -> dict[str, Any]:
+    """The fields every scored trial record has (its learning rates from the resolved
+    ``plan``, counts from the trainable report)."""
+    return {"schema": SCHEMA, "point": point, "diverged": False, "lr": plan["lr"],
+            "gamma_lr": plan["gamma_lr"] if plan["recipe"] == "flexigpt" else None,
+            "tune_ppl": tune_ppl, "tune_ppl_before": tune_ppl_before,
+            "trainable_params": trainable["trainable_parameters"], "tokens": tokens,
+            "recipe": plan["recipe"], "budget": trainable.get("budget")}
 
 
 def diverged_record(point: dict[str, Any], lr: float | None, gamma_lr: float | None,
@@ -74,9 +81,7 @@ def best_trial(records: list[dict[str, Any]]) -> int:
     Raises:
         ValueError: every trial diverged or has no finite tuning perplexity.
     """
-    scored = [(r["tune_ppl"], i) for i, r in enumerate(records)
-              if not r["diverged"] and isinstance(r.get("tune_ppl"), (int, float))
-              and math.isfinite(r["tune_ppl"])]
+    scored = [(r["tune_ppl"], i) for i, r in enumerate(records) if _finite_score(r)]
     if not scored:
         raise ValueError(f"no trial of {len(records)} finished with a finite tuning perplexity")
     return min(scored)[1]
@@ -217,6 +222,7 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
 
 def _finite_score(record: dict[str, Any]) -> bool:
+    """Not diverged and a finite ``tune_ppl``: the records a sweep may choose from."""
     value = record.get("tune_ppl")
     return (not record.get("diverged") and isinstance(value, (int, float))
             and math.isfinite(value))
@@ -260,14 +266,9 @@ def _rung(trial_dir: Path, cfg: Any, point: dict[str, Any], step: int,
         result = train()
         if isinstance(result, str):  # diverged before the rung
             return diverged_record(point, cfg.lr, cfg.gamma_lr, result)
-        plan, trainable = result["plan"], result["trainable"]
-        return {"schema": SCHEMA, "point": point, "diverged": False, "lr": plan["lr"],
-                "gamma_lr": plan["gamma_lr"] if plan["recipe"] == "flexigpt" else None,
-                "tune_ppl": result["ppl"], "tune_ppl_before": result["ppl_before"],
-                "stopped_at_step": result["stopped_at_step"], "tune_ppl_final": None,
-                "trainable_params": trainable["trainable_parameters"],
-                "tokens": result["tokens"], "recipe": plan["recipe"],
-                "budget": trainable.get("budget")}
+        return {**_scored(point, result["plan"], result["trainable"], result["ppl"],
+                          result["ppl_before"], result["tokens"]),
+                "stopped_at_step": result["stopped_at_step"], "tune_ppl_final": None}
 
     record = _cached(trial_dir / RUNG_FILE, _key(cfg, step, model_dir), compute)
     faults.point("sweep:rung")
