@@ -84,6 +84,26 @@ def test_sweep_continues_only_the_best_at_the_rung(tiny_checkpoint, text_file, t
     assert not (tmp_path / "trained.sweep").exists()
 
 
+def test_sweep_scores_the_shared_start_once(tiny_checkpoint, text_file, tmp_path, monkeypatch):
+    """Trials of one sweep start from the same state: its step-0 tune PPL is evaluated once
+    and is the value an unshared run computes; a different start is scored on its own."""
+    import flexigpt.training.loop as loop
+
+    calls = []
+    real = loop.perplexity
+    monkeypatch.setattr(loop, "perplexity", lambda *a, **k: calls.append(1) or real(*a, **k))
+    selection = _sweep(tiny_checkpoint, text_file, tmp_path / "trained")
+    assert len(calls) == 3  # step 0 once, then each trial at the rung (final: the runner)
+    before = {t["tune_ppl_before"] for t in selection["trials"]}
+    ref = train_model(tiny_checkpoint, tmp_path / "ref", small(), text_file, text_file)
+    assert before == {ref["history"][-1]["ppl_before"]}
+    ranks = [small(lora_rank=4), small(lora_rank=2)]  # other adapters: another start
+    calls.clear()
+    run_sweep(tiny_checkpoint, tmp_path / "r", ranks, [{"r": 4}, {"r": 2}], text_file,
+              text_file, meta={"run": "m/x/default/r0.3"}, rung=0.5)
+    assert len(calls) == 4
+
+
 def test_sweep_with_rung_one_trains_every_trial_fully(tiny_checkpoint, text_file, tmp_path):
     selection = _sweep(tiny_checkpoint, text_file, tmp_path / "trained", rung=1.0)
     assert selection["rung"]["step"] == 6 and selection["chosen_trial"] == 0

@@ -8,6 +8,7 @@ Runs through ``accelerate.Accelerator``: on CPU, one GPU, or several processes s
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -161,10 +162,27 @@ def _optimizer(model: nn.Module, cfg: TrainConfig, plan: TrainPlan) -> torch.opt
                              eps=1e-8)
 
 
+def start_key(model: nn.Module, val_windows: torch.Tensor, bf16: bool) -> str:
+    """Identity of a step-0 tune-perplexity evaluation: sha256 of the validation windows,
+    the compute dtype, every parameter's name / shape / dtype / trainable flag, and the
+    values of the trainable ones. The frozen values are not hashed: callers share one memo
+    only between trials of one input model (:func:`flexigpt.training.tuning.run_sweep`),
+    whose frozen weights are the same by construction."""
+    digest = hashlib.sha256(f"bf16={bool(bf16)}".encode())
+    digest.update(val_windows.detach().cpu().contiguous().numpy().tobytes())
+    for name, param in model.named_parameters():
+        digest.update(f"{name}:{tuple(param.shape)}:{param.dtype}:{param.requires_grad}"
+                      .encode())
+        if param.requires_grad:
+            digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor | None,
              cfg: TrainConfig, plan: TrainPlan, ckpt: Path, digest: str,
              on_step: StepHook | None = None, teacher: nn.Module | None = None,
-             stop_step: int | None = None) -> LoopResult:
+             stop_step: int | None = None,
+             start_ppl: dict[str, float | None] | None = None) -> LoopResult:
     """Train ``model``'s trainable parameters in place for ``cfg.steps()`` steps.
 
     ``stop_step`` < ``cfg.steps()`` stops after that step of the same schedule (the LR
@@ -175,6 +193,10 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
     With ``cfg.loss == "kd"`` the loss is :func:`kd_loss` against ``teacher`` (a frozen
     model with the same tokenizer, run on the same windows; its forward counts in the step
     time).
+
+    ``start_ppl`` (the trials of one sweep share it) memoises the step-0 tune perplexity by
+    :func:`start_key`: a trial that starts from a state an earlier trial already scored
+    reads the score back instead of evaluating it again (the value is the same).
 
     Resumes from ``ckpt`` when it holds a checkpoint with the same ``digest``. The model is
     returned unwrapped (``result`` carries the log); it is left in eval mode.
@@ -233,7 +255,14 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
         return ppl
 
     if state.step == 0 and val_windows is not None:
-        state.log.append({"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": evaluate()})
+        if start_ppl is None:
+            ppl0 = evaluate()
+        else:
+            key = start_key(inner, val_windows, use_bf16)
+            if key not in start_ppl:
+                start_ppl[key] = evaluate()
+            ppl0 = start_ppl[key]
+        state.log.append({"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": ppl0})
     autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=use_bf16)
     bar = tqdm(total=steps, initial=state.step, desc="train",
                disable=not accelerator.is_local_main_process)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,30 @@ LOG_FILE = "train_log.csv"
 CURVE_FILE = "loss_curve.png"
 
 
+@dataclass
+class SweepMemo:
+    """What the trials of one sweep (one input model, hence one tokenizer) compute alike and
+    need only once: the token windows of each text, the step-0 tune perplexity of each
+    starting state (:func:`flexigpt.training.loop.start_key`). Reusing them changes no value.
+    """
+
+    windows: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    start_ppl: dict[str, float | None] = field(default_factory=dict)
+
+    def token_windows(self, path: str | os.PathLike, tokenizer: Any,
+                      seq_len: int) -> torch.Tensor:
+        key = (str(Path(path).resolve()), int(seq_len))
+        if key not in self.windows:
+            self.windows[key] = token_windows(path, tokenizer, seq_len)
+        return self.windows[key]
+
+
 def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainConfig,
                 text: str | os.PathLike, validation: str | os.PathLike | None = None,
                 on_step: StepHook | None = None,
                 teacher: str | os.PathLike | None = None,
-                stop_step: int | None = None) -> dict[str, Any]:
+                stop_step: int | None = None,
+                memo: SweepMemo | None = None) -> dict[str, Any]:
     """Load ``model_dir`` (any method's output, or a plain HF checkpoint = method ``dense``),
     train it per ``cfg`` on ``text`` and save it to ``out_dir``.
 
@@ -48,7 +68,8 @@ def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: T
 
     ``stop_step`` (< the run's steps) trains only that far on the full run's schedule and
     saves nothing but the checkpoint in ``<out>.ckpt/`` (the same call without it
-    continues from there): the rung of a successive-halving sweep.
+    continues from there): the rung of a successive-halving sweep. ``memo`` is what the
+    trials of one sweep share (:class:`SweepMemo`).
 
     Returns:
         The manifest written to ``out_dir/manifest.json`` (input manifest + a ``history``
@@ -65,7 +86,7 @@ def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: T
         teacher_model = load_compressed(teacher).model
         source["teacher"] = str(teacher)
     return train_loaded(loaded, out_dir, cfg, text, validation, source, on_step, teacher_model,
-                        stop_step)
+                        stop_step, memo)
 
 
 def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConfig,
@@ -73,7 +94,8 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
                  source: dict[str, Any] | None = None,
                  on_step: StepHook | None = None,
                  teacher: torch.nn.Module | None = None,
-                 stop_step: int | None = None) -> dict[str, Any]:
+                 stop_step: int | None = None,
+                 memo: SweepMemo | None = None) -> dict[str, Any]:
     """:func:`train_model` for a model already in memory (trained in place).
 
     ``source`` identifies the input model in the resume fingerprint; a checkpoint in
@@ -85,10 +107,11 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     plan = resolve_plan(cfg, manifest)
     setup_run(cfg.seed)
     report = apply_recipe(model, plan)
-    stream = WindowStream(token_windows(text, tokenizer, cfg.seq_len), cfg.seed)
+    windows = memo.token_windows if memo is not None else token_windows
+    stream = WindowStream(windows(text, tokenizer, cfg.seq_len), cfg.seed)
     val = None
     if validation is not None:
-        val = token_windows(validation, tokenizer, cfg.seq_len)[: cfg.eval_windows]
+        val = windows(validation, tokenizer, cfg.seq_len)[: cfg.eval_windows]
     settings = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_TRAJECTORY}
     digest = fingerprint({"config": settings, "plan": plan.to_dict(), "source": source,
                           "text": [str(text), Path(text).stat().st_size],
@@ -103,7 +126,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
         state = TrainState(log=[{"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": None}])
     else:
         result = run_loop(model, stream, val, cfg, plan, ckpt, digest, on_step, teacher,
-                          stop_step)
+                          stop_step, None if memo is None else memo.start_ppl)
         state = result.state
         if result.stopped_at is not None:
             return rung_record(state, cfg, plan.to_dict(), report.to_dict())

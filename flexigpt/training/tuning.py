@@ -153,6 +153,7 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
             finished with a finite tuning perplexity.
     """
     from flexigpt.training import TrainingDivergedError, train_model
+    from flexigpt.training.runner import SweepMemo
 
     if not configs or len(configs) != len(points):
         raise ValueError(f"a sweep needs one config per grid point ({len(configs)} configs, "
@@ -164,13 +165,14 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     scratch = Path(out_dir).with_name(Path(out_dir).name + ".sweep")
     trial_out = [scratch / f"t{i}" / "trained" for i in range(len(configs))]
     records: list[dict[str, Any]] = [{} for _ in configs]
+    memo = SweepMemo()  # token windows and step-0 tune PPLs, computed once for all trials
 
     def train(i: int, stop: int | None) -> dict[str, Any] | str:
         """The manifest (or rung record) of trial i, or the error message if it diverged."""
         cfg = configs[i]
         try:
             return train_model(model_dir, trial_out[i], cfg, text=text, validation=tune,
-                               teacher=teacher, stop_step=stop)
+                               teacher=teacher, stop_step=stop, memo=memo)
         except TrainingDivergedError as err:  # a result of the sweep, not a failure
             log.warning("trial t%d (lr %s, gamma_lr %s) diverged: %s", i, cfg.lr,
                         cfg.gamma_lr, err)
