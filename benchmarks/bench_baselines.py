@@ -6,7 +6,7 @@ ratio (``count_parameters``, embeddings and head included), the pruning time and
 held-out perplexity before recovery (``token_windows`` on the validation text: the first
 ``--ppl-windows`` windows of ``--ppl-seq-len`` tokens in file order; ``perplexity``). With
 ``--recover-tokens N`` the methods whose recipe is not ``none`` are also trained by the shared
-trainer (``flexigpt.train.train_model``) on N tokens of the calibration text and re-measured.
+trainer (``flexigpt.training.train_model``) on N tokens of the calibration text and re-measured.
 Rows are written to ``--json`` as they finish; ``--resume`` keeps the rows already there
 (same method, ratio, policy and recovery budget) and measures only the missing ones.
 
@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def recover(model_dir: Path, args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     """Shared-trainer recovery of a saved model; returns the trained dir and its history."""
-    from flexigpt.train import TrainConfig, train_model
+    from flexigpt.training import TrainConfig, train_model
 
     out = model_dir.with_name(model_dir.name + "-recovered")
     cfg = TrainConfig(tokens=args.recover_tokens, seq_len=args.train_seq_len, micro_batch=8,

@@ -1,23 +1,17 @@
 """Decoding cost of saved models: prefill, per-token decode latency, tokens/s, peak memory,
 and self-speculative decoding of FlexiGPT models against its bound.
 
-All models are loaded into one process and measured interleaved (repeat → model → run), so
-machine drift hits every model alike. Per model and repeat:
-
-* ``batch1``: greedy decoding of every prompt alone (``--max-new-tokens`` each, EOS
-  ignored so every model generates the same number of tokens): prefill time (first forward),
-  per-token decode latency (time between forwards after the first), tokens/s, peak RSS.
-* ``batched``: the same prompts in batches of ``--batch-size`` (left padding).
-* FlexiGPT models (``flexigpt``, ``flexigpt_extend``): the draft alone at batch 1 (its
-  per-token latency over the full model's is ``c``, the draft-to-full cost ratio of one
-  decode step), then self-speculative decoding for each ``--draft-lengths`` k: acceptance
-  rate α, tokens per round, draft/full forwards, speed-up over plain batch-1 decoding of the
-  same model, and the bound ``(1 − α^(k+1)) / ((1 − α)(k·c + 1))`` with the ratio
-  speed-up / bound; ``identical`` says the greedy tokens equal plain decoding's.
-
-Figures are medians over ``--repeats``. Peak RSS is process-wide (all models are resident);
-``peak_rss_delta_mb`` is the rise during the run (KV cache, activations). The load average
-is printed at the start and end and written to the JSON.
+The protocol is :func:`flexigpt.generation.measure.measure_decode` (the one the DAG's
+``inference_cost`` rule uses for Tables 6/7, here at full size): all models resident in one
+process, measured interleaved (repeat → model → run), medians over ``--repeats``; per model
+greedy decoding at batch 1 and ``--batch-size`` (EOS ignored, every model generates the same
+number of tokens), for FlexiGPT models the draft alone (``c`` = its per-token latency over
+the full model's) and self-speculative decoding at each of ``--draft-lengths``: α, speed-up
+over plain batch-1 decoding of the same model, the bound ``(1 − α^(k+1)) / ((1 − α)(k·c +
+1))``, speed-up / bound, and whether the greedy tokens equal plain decoding's. ``--merged``
+adds each FlexiGPT model with merged replacement weights (the opt-in lean path,
+:mod:`flexigpt.generation.lean`), decoded plainly. The load average is printed at the start
+and end and written to the JSON.
 
 Default prompts: the first sentences of the first ``--n-prompts`` documents of
 ``resources/text/wiki/validation.test.txt`` (held-out; else ``validation.txt``).
@@ -35,12 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
-import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -50,92 +40,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flexigpt.artifacts import LoadedModel, atomic_write_text  # noqa: E402
-from flexigpt.generation import Generator, speculative_bound  # noqa: E402
+from flexigpt.generation import Generator  # noqa: E402
+from flexigpt.generation.measure import (PAPER_SPECULATIVE_SPEEDUP,  # noqa: E402
+                                         default_prompts, measure_decode)
 
-#: the paper's figure: self-speculative decoding is 30.11 % faster than plain FlexiGPT decoding
-PAPER_SPECULATIVE_SPEEDUP = 0.3011
 WIKI = ROOT / "resources" / "text" / "wiki"
 
 
-def default_prompts(n: int, max_words: int = 40) -> list[str]:
-    """First sentences of the first ``n`` held-out documents."""
+def held_out_text() -> Path:
+    """The held-out wiki text the default prompts come from (test split, else the whole)."""
     for name in ("validation.test.txt", "validation.txt"):
-        path = WIKI / name
-        if path.is_file():
-            break
-    else:
-        raise FileNotFoundError(f"no held-out text under {WIKI}; pass --prompts-file")
-    prompts = []
-    for doc in re.split(r"\n\s*\n", path.read_text(encoding="utf-8")):
-        doc = " ".join(doc.split())
-        if not doc:
-            continue
-        first = re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", doc, maxsplit=1)[0]
-        prompts.append(" ".join(first.split()[:max_words]))
-        if len(prompts) == n:
-            break
-    if len(prompts) < n:
-        raise ValueError(f"{path} has only {len(prompts)} documents, {n} prompts asked")
-    return prompts
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRSS:
-    """Samples the process RSS every ``interval`` s in a thread; ``peak`` after exit."""
-
-    def __init__(self, interval: float = 0.005) -> None:
-        self.interval = interval
-        self.start = self.peak = 0
-        self._stop = threading.Event()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak = max(self.peak, rss_bytes())
-
-    def __enter__(self) -> PeakRSS:
-        self.start = self.peak = rss_bytes()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    seen: set[int] = set()
-    total = 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
-            total += t.untyped_storage().nbytes()
-    return total
-
-
-def timed(gen: Generator, prompts: list[str], args: argparse.Namespace, **opts: Any):
-    with PeakRSS() as mem:
-        out = gen.generate(prompts, max_new_tokens=args.max_new_tokens, ignore_eos=True,
-                           **opts)
-    out.stats["peak_rss_mb"] = mem.peak / 2**20
-    out.stats["peak_rss_delta_mb"] = (mem.peak - mem.start) / 2**20
-    return out
-
-
-PLAIN_KEYS = ("wall_s", "tokens_per_s", "per_token_ms", "decode_tokens_per_s", "prefill_s",
-              "peak_rss_mb", "peak_rss_delta_mb")
-SPEC_KEYS = ("wall_s", "tokens_per_s", "alpha", "accepted_fraction", "tokens_per_round",
-             "draft_forwards", "full_forwards", "rounds", "peak_rss_mb", "peak_rss_delta_mb")
-
-
-def median_of(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {k: statistics.median(r[k] for r in runs) for k in keys}
+        if (WIKI / name).is_file():
+            return WIKI / name
+    raise FileNotFoundError(f"no held-out text under {WIKI}; pass --prompts-file")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         from flexigpt.generation import read_prompts
         prompts = read_prompts(args.prompts_file)[:args.n_prompts]
     else:
-        prompts = default_prompts(args.n_prompts)
+        prompts = default_prompts(held_out_text(), args.n_prompts)
     load_start = os.getloadavg()
     print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} "
           f"{load_start[2]:.2f} ({os.cpu_count()} cpus, {torch.get_num_threads()} threads)")
@@ -189,61 +106,21 @@ def main(argv: list[str] | None = None) -> int:
                                                             g.manifest))
             gens[f"{label}+merged"].merge_info = info  # type: ignore[attr-defined]
             dirs[f"{label}+merged"] = str(model_dir)
-    drafts = {label: Generator(LoadedModel(g.draft(), g.tokenizer, None))
-              for label, g in gens.items() if g.supports_speculative()}
 
-    runs: dict[str, dict[str, list]] = {label: {"b1": [], "bb": [], "draft": [],
-                                                **{f"k{k}": [] for k in args.draft_lengths}}
-                                        for label in gens}
-    tokens: dict[str, dict[str, list]] = {label: {} for label in gens}
-    for rep in range(args.repeats):
-        for label, g in gens.items():
-            t0 = time.perf_counter()
-            b1 = timed(g, prompts, args, batch_size=1)
-            runs[label]["b1"].append(b1.stats)
-            tokens[label]["plain"] = b1.token_ids
-            runs[label]["bb"].append(timed(g, prompts, args, batch_size=args.batch_size).stats)
-            if label in drafts:
-                runs[label]["draft"].append(timed(drafts[label], prompts, args,
-                                                  batch_size=1).stats)
-                for k in args.draft_lengths:
-                    sp = timed(g, prompts, args, speculative=True, draft_length=k)
-                    runs[label][f"k{k}"].append(sp.stats)
-                    tokens[label][f"k{k}"] = sp.token_ids
-            print(f"[repeat {rep + 1}/{args.repeats}] {label}: "
-                  f"{b1.stats['per_token_ms']:.2f} ms/token at batch 1 "
-                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+    def progress(rep: int, label: str, b1: dict[str, Any], seconds: float) -> None:
+        print(f"[repeat {rep + 1}/{args.repeats}] {label}: {b1['per_token_ms']:.2f} ms/token "
+              f"at batch 1 ({seconds:.1f} s)", flush=True)
 
-    models = []
-    for label, g in gens.items():
-        r = runs[label]
-        b1 = median_of(r["b1"], PLAIN_KEYS)
-        bb = median_of(r["bb"], PLAIN_KEYS)
-        b1["batch_size"], bb["batch_size"] = 1, args.batch_size
-        entry: dict[str, Any] = {
-            "label": label, "dir": dirs[label],
-            "method": g.method, "weights_mb": weight_bytes(g.model) / 2**20,
-            "prefill_ms": 1e3 * b1["prefill_s"] / len(prompts), "batch1": b1, "batched": bb}
-        if hasattr(g, "merge_info"):
-            entry["merged"] = g.merge_info
-        if label in drafts:
-            d = median_of(r["draft"], PLAIN_KEYS)
-            c = d["per_token_ms"] / b1["per_token_ms"]
-            by_k = {}
-            for k in args.draft_lengths:
-                sp = median_of(r[f"k{k}"], SPEC_KEYS)
-                speedup = b1["wall_s"] / sp["wall_s"]
-                bound = speculative_bound(sp["alpha"], k, c)
-                by_k[str(k)] = {**sp, "k": k, "speedup": speedup, "bound": bound,
-                                "fraction_of_bound": speedup / bound,
-                                "identical": tokens[label][f"k{k}"] == tokens[label]["plain"]}
-            best = max(by_k, key=lambda k: by_k[k]["speedup"])
-            entry["speculative"] = {
-                "c": c, "draft_per_token_ms": d["per_token_ms"], "draft": g.draft_info,
-                "by_k": by_k, "best_k": int(best),
-                "identical": all(v["identical"] for v in by_k.values()),
-                "paper_faster_fraction": PAPER_SPECULATIVE_SPEEDUP}
-        models.append(entry)
+    # merged copies decode plainly only: their draft is the unmerged model's (same blocks)
+    spec = [label for label, g in gens.items()
+            if g.supports_speculative() and not hasattr(g, "merge_info")]
+    models = measure_decode(gens, prompts, args.max_new_tokens, args.batch_size,
+                            args.draft_lengths, args.repeats, on_round=progress,
+                            speculative=spec)
+    for e in models:
+        e["label"], e["dir"] = e["name"], dirs[e["name"]]
+        if hasattr(gens[e["name"]], "merge_info"):
+            e["merged"] = gens[e["name"]].merge_info
 
     load_end = os.getloadavg()
     print(f"\n{len(prompts)} prompts × {args.max_new_tokens} new tokens, "
@@ -254,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{e['label']:<24}{e['prefill_ms']:>11.1f}{e['batch1']['per_token_ms']:>11.2f}"
               f"{e['batch1']['tokens_per_s']:>10.1f}{e['batched']['tokens_per_s']:>10.1f}"
               f"{e['batch1']['peak_rss_mb']:>9.0f}")
-        if "speculative" in e:
+        if e["speculative"]:
             s = e["speculative"]
             for k, v in s["by_k"].items():
                 print(f"  speculative k={k}: alpha {v['alpha']:.3f}, c {s['c']:.3f}, "

@@ -39,8 +39,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench_train import macs_per_token, matmul_peak
 from flexigpt.artifacts import load_compressed
-from flexigpt.evaluation.lm import ATTENTION_MODES, max_abs_diff
-from flexigpt.evaluation.packing import WorkCounts
+from flexigpt.evaluation.fast.lm import ATTENTION_MODES, max_abs_diff
+from flexigpt.evaluation.fast.packing import WorkCounts
 from flexigpt.evaluation.tasks import PAPER_TASKS, build_task, task_specs
 from flexigpt.evaluation.zeroshot import make_lm
 

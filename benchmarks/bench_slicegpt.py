@@ -170,7 +170,7 @@ def rft(model_dir: Path, out: Path, val: torch.Tensor, args: argparse.Namespace)
     """Recovery fine-tuning by the shared trainer (recipe from the manifest), then perplexity."""
     from flexigpt.artifacts import load_compressed
     from flexigpt.perplexity import perplexity
-    from flexigpt.train import TrainConfig, train_model
+    from flexigpt.training import TrainConfig, train_model
 
     tcfg = TrainConfig(tokens=args.rft_tokens, seq_len=args.train_seq_len, micro_batch=4,
                        global_batch=8, checkpoint_every=0, eval_windows=8, seed=args.seed)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,10 @@ import torch
 from flexigpt import faults
 from flexigpt.artifacts import check_output, save_compressed
 from flexigpt.calibration import token_windows
+from flexigpt.manifest import new_manifest
 from flexigpt.models.loading import load_model
-from flexigpt.params import compression_ratio, count_parameters
-from flexigpt.provenance import provenance, setup_run
+from flexigpt.params import count_parameters
+from flexigpt.provenance import setup_run
 from flexigpt.registry import get_method
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
     check_output(out_dir, "model", force)  # refuse before loading anything
     setup_run(seed)
     model, tokenizer = load_model(model_spec, dtype=dtype)
+    spec.check_family(model)
     if method == "flexigpt":
         from flexigpt.methods.surgery import check_flexigpt_rank
 
@@ -72,23 +73,14 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         result = spec.compress(model, tokenizer, calib, cfg)
     faults.point("compress:done")
     seconds = time.perf_counter() - start
-    params = count_parameters(result.model)
-    manifest = {
-        "method": method,
-        "config": _jsonable(cfg),
-        "base_model": str(model_spec),
-        "structure": result.structure,
-        "info": result.info,
-        "parameters": {"dense": dense_params, "compressed": params,
-                       "achieved_ratio": compression_ratio(params, dense_params)},
-        "calibration": None if calib is None else {
+    manifest = new_manifest(
+        method, config=_jsonable(cfg), base_model=str(model_spec), structure=result.structure,
+        info=result.info, dense_params=dense_params,
+        compressed_params=count_parameters(result.model),
+        calibration=None if calib is None else {
             "file": str(calibration), "n_windows": int(calib.shape[0]),
             "seq_len": int(calib.shape[1]), "sample_seed": seed},
-        "seed": seed, "dtype": dtype, "compress_seconds": round(seconds, 3),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "history": [],
-        **provenance(),
-    }
+        seed=seed, dtype=dtype, compress_seconds=round(seconds, 3))
     return save_compressed(result.model, tokenizer, manifest, out_dir, force=force)
 
 

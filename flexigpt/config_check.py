@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flexigpt.workflow import Run, RunGrid
+    from flexigpt.dag import Run, RunGrid
 
 #: LoRA-rank options clamped to min(out, in) per matrix: useful only below the hidden size.
 LORA_RANK_OPTIONS = {"flexigpt_extend": ("rank",), "shortgpt_lora": ("lora_rank",),
@@ -147,6 +147,12 @@ def check_run_options(config: dict[str, Any], grid: RunGrid, run: Run) -> list[t
     path = grid.model_paths.get(run.model)
     model = _skeleton(path) if path and Path(path).exists() else None
     if model is not None:
+        from flexigpt.models.adapters import UnsupportedArchitectureError
+
+        try:
+            spec.check_family(model)
+        except UnsupportedArchitectureError as err:
+            return [(f"methods.{run.method}", str(err))]
         found = check_sizes(run, cfg, model)
         if found is not None:
             return [(_where(sources, found[0]), found[1])]
@@ -189,7 +195,7 @@ def check_run_training(config: dict[str, Any], grid: RunGrid, run: Run) -> list[
 def check_model_paths(grid: RunGrid) -> list[tuple[str, str]]:
     """A local-looking model path that does not exist and no resource rule builds."""
     from flexigpt.models.loading import looks_local
-    from flexigpt.workflow import RESOURCE_MODELS
+    from flexigpt.dag import RESOURCE_MODELS
 
     out = []
     for key, path in grid.model_paths.items():

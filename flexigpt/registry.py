@@ -12,9 +12,10 @@ import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # the registry imports nothing heavy (tables read its facts)
+    from torch import nn
 
 
 @dataclass
@@ -34,6 +35,69 @@ class CompressionResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+#: names an older manifest's ``info.recovery`` used → the field they mean (read, never written)
+_LEGACY_RECOVERY_KEYS = {"rank": "lora_rank", "alpha": "lora_alpha", "dropout": "lora_dropout",
+                         "targets": "lora_targets"}
+
+
+@dataclass(frozen=True)
+class RecoveryRecipe:
+    """What a compression method hands the shared trainer: ``info["recovery"]`` of its
+    manifest (:meth:`to_dict`), read back by ``flexigpt.training.config.resolve_plan``
+    (:meth:`from_info`). Fields left None take the trainer's defaults.
+
+    Attributes:
+        recipe: trainable-set recipe (``none``, ``flexigpt``, ``lora``, ``full``); None:
+            the method's registered default (``Method.recovery``).
+        lr, gamma_lr: learning rates of the method's own recipe.
+        lora_rank, lora_alpha, lora_dropout, lora_targets: the recipe's LoRA (targets are
+            short linear names, the adapter's).
+        trainable_params: the trainable count this recipe trains (the budget like-for-like
+            baselines are matched to).
+        facts: method-specific records for the manifest (how a rank was matched, ...); the
+            trainer never reads them.
+    """
+
+    recipe: str | None
+    lr: float | None = None
+    gamma_lr: float | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
+    lora_targets: tuple[str, ...] | None = None
+    trainable_params: int | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest form: set fields (targets as a list), then ``facts`` flattened."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "facts" and getattr(self, f.name) is not None}
+        if "lora_targets" in out:
+            out["lora_targets"] = list(out["lora_targets"])
+        clash = sorted(set(out) & set(self.facts))
+        if clash:
+            raise ValueError(f"recovery facts {clash} shadow recipe fields")
+        return {**out, **self.facts}
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any] | None) -> RecoveryRecipe | None:
+        """The recipe in a manifest's ``info`` (None when it records none). Manifests of
+        earlier versions named the LoRA fields ``rank``/``alpha``/``dropout``/``targets``;
+        those names are understood here, and only here."""
+        raw = dict((info or {}).get("recovery") or {})
+        if not raw:
+            return None
+        for old, new in _LEGACY_RECOVERY_KEYS.items():
+            if old in raw and new not in raw:
+                raw[new] = raw.pop(old)
+        names = {f.name for f in dataclasses.fields(cls)} - {"facts"}
+        raw.setdefault("recipe", None)
+        known = {k: v for k, v in raw.items() if k in names}
+        if known.get("lora_targets") is not None:
+            known["lora_targets"] = tuple(known["lora_targets"])
+        return cls(**known, facts={k: v for k, v in raw.items() if k not in names})
+
+
 @dataclass(frozen=True)
 class Method:
     """A compression method behind the uniform interface.
@@ -46,7 +110,6 @@ class Method:
             ``needs_calibration`` is False. Must not mutate anything it does not return.
         rebuild: ``(hf_config, structure) -> nn.Module`` an initialised skeleton with the
             compressed architecture; weights are loaded into it afterwards.
-        needs_calibration: whether ``compress`` reads calibration windows.
         recovery: default trainable-set recipe name for ``flexigpt train`` (see train.py).
     """
 
@@ -54,9 +117,25 @@ class Method:
     config_cls: type
     compress: Callable[..., CompressionResult]
     rebuild: Callable[..., nn.Module]
-    needs_calibration: bool = True
     recovery: str = "none"
     description: str = ""
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether ``compress`` reads calibration windows (``facts.calibration``)."""
+        return self.facts.calibration
+
+    @property
+    def facts(self) -> MethodFacts:
+        """What the rest of the harness knows about this method (:data:`METHODS`)."""
+        return METHODS[self.name]
+
+    def check_family(self, model_or_config: Any) -> None:
+        """Raise ``UnsupportedArchitectureError`` (naming the method and the family) unless
+        the model's family is one of ``facts.families``."""
+        from flexigpt.models.adapters import require_family
+
+        require_family(model_or_config, self.name, self.facts.families)
 
     def accepts(self, option: str) -> bool:
         """Whether the method's config has a field named ``option``."""
@@ -72,16 +151,56 @@ class Method:
         return self.config_cls(**options)
 
 
-#: name → "module:attribute" of a :class:`Method`.
-METHODS: dict[str, str] = {
-    "dense": "flexigpt.methods.dense:METHOD",
-    "flexigpt": "flexigpt.methods.prune:METHOD",
-    "flexigpt_extend": "flexigpt.methods.extend:METHOD",
-    "shortgpt": "baselines.shortgpt.method:METHOD",
-    "shortgpt_lora": "baselines.shortgpt.method:METHOD_LORA",
-    "slicegpt": "baselines.slicegpt.method:METHOD",
-    "llm_pruner": "baselines.llm_pruner.method:METHOD",
+@dataclass(frozen=True)
+class MethodFacts:
+    """Everything the DAG, the tables and the decoders know about a method, in one place
+    (importing nothing heavy: the implementation loads lazily from ``target``).
+
+    Attributes:
+        target: ``"module:attribute"`` of its :class:`Method`.
+        label: display name in tables and figures.
+        calibration: ``compress`` reads calibration windows (the DAG feeds it the
+            calibration text; ``flexigpt compress`` requires ``--calibration``).
+        families: model families (``ArchAdapter.family``) it handles; any other is refused
+            (:meth:`Method.check_family`) with an error naming both.
+        block_influence: it ranks blocks by Block Influence (the DAG computes the scores
+            once per model and passes them to every such method).
+        speculative: its models have a self-speculative draft (the model without its
+            weight-shared blocks; :mod:`flexigpt.generation.draft`).
+        timed: Tables 6/7 time it against the dense model (at its lowest ratio).
+    """
+
+    target: str
+    label: str
+    calibration: bool = True
+    families: tuple[str, ...] = ("llama", "opt")
+    block_influence: bool = False
+    speculative: bool = False
+    timed: bool = False
+
+
+#: name → facts, in table order (rows of every table follow this order).
+METHODS: dict[str, MethodFacts] = {
+    "dense": MethodFacts("flexigpt.methods.dense:METHOD", "Dense", calibration=False,
+                         timed=True),
+    "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT",
+                            families=("llama",)),
+    "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner",
+                              families=("llama",)),
+    "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT",
+                            block_influence=True, timed=True),
+    "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",
+                                 block_influence=True),
+    "flexigpt": MethodFacts("flexigpt.methods.prune:METHOD", "FlexiGPT",
+                            block_influence=True, speculative=True, timed=True),
+    "flexigpt_extend": MethodFacts("flexigpt.methods.extend:METHOD", "FlexiGPT extension",
+                                   calibration=False, speculative=True, timed=True),
 }
+
+
+def methods_with(fact: str) -> tuple[str, ...]:
+    """Names of the methods whose boolean fact ``fact`` is true, in table order."""
+    return tuple(name for name, f in METHODS.items() if getattr(f, fact))
 
 
 class UnknownMethodError(KeyError):
@@ -96,7 +215,7 @@ def get_method(name: str) -> Method:
         UnknownMethodError: with a "did you mean" suggestion.
     """
     try:
-        target = METHODS[name]
+        target = METHODS[name].target
     except KeyError:
         close = difflib.get_close_matches(name, METHODS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""

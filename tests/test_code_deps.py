@@ -53,7 +53,7 @@ def test_editing_a_plot_reruns_only_the_tables(tmp_path):
         fh.write("\n# an edit\n")
     after = _versions(root)
     assert [r for r in RULES if after[r] != before[r]] == ["tables"]
-    with open(root / "flexigpt/evaluation/lm.py", "a") as fh:  # the fast scorer
+    with open(root / "flexigpt/evaluation/fast/lm.py", "a") as fh:  # the fast scorer
         fh.write("\n# an edit\n")
     again = _versions(root)
     assert {r for r in RULES if again[r] != after[r]} == {"evaluate", "inference", "tables"}

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from flexigpt.config_check import ConfigError
-from flexigpt.workflow import RunGrid
+from flexigpt.dag import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "resources/models/tiny-llama"
@@ -158,3 +158,22 @@ def test_distance_rank_beyond_every_matrix_rank_rejected():
         distance_rank=4096))
     line = next(ln for ln in message.splitlines() if "distance_rank 4096" in ln)
     assert "tiny-llama/flexigpt/no_lowrank/r0.3" in line and "largest useful" in line
+
+
+def test_method_that_cannot_handle_the_family_is_refused_at_dag_build(tmp_path):
+    """An OPT model in a config that runs SliceGPT / LLM-Pruner: refused before any job,
+    naming the method, the family and the key path."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    path = tmp_path / "tiny-opt"
+    OPTForCausalLM(OPTConfig(vocab_size=300, hidden_size=64, num_hidden_layers=4, ffn_dim=128,
+                             num_attention_heads=4, word_embed_proj_dim=64)).save_pretrained(path)
+
+    def mutate(cfg):
+        cfg["model"]["path"] = str(path)
+        cfg["model"].pop("resource")
+
+    message = grid_error(mutate)
+    assert "methods.slicegpt" in message and "does not support the 'opt' family" in message
+    assert "methods.llm_pruner" in message
+    assert "methods.flexigpt:" not in message and "methods.shortgpt:" not in message

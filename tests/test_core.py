@@ -70,6 +70,29 @@ def test_registry():
             validate_ratio(bad)
 
 
+def test_registry_owns_the_method_facts():
+    """The DAG, the tables and the decoders read their method facts from registry.METHODS."""
+    from flexigpt.dag import BI_METHODS, Run
+    from flexigpt.generation import SPECULATIVE_METHODS
+    from flexigpt.tables.build import METHOD_LABELS, METHOD_ORDER
+
+    assert METHOD_ORDER == list(METHODS) and set(METHOD_LABELS.values()) == {
+        f.label for f in METHODS.values()}
+    assert BI_METHODS == ("shortgpt", "shortgpt_lora", "flexigpt")
+    assert SPECULATIVE_METHODS == ("flexigpt", "flexigpt_extend")
+    for name, facts in METHODS.items():
+        method = get_method(name)
+        assert method.name == name and method.facts is facts
+        assert method.needs_calibration == facts.calibration
+        run = Run(model="m", method=name, variant="default", setting="r0.3")
+        assert run.needs_calibration == facts.calibration
+        assert run.uses_block_influence == facts.block_influence
+    assert METHODS["slicegpt"].families == ("llama",) and "opt" in METHODS["flexigpt"].families
+    from flexigpt.registry import methods_with
+
+    assert methods_with("timed") == ("dense", "shortgpt", "flexigpt", "flexigpt_extend")
+
+
 def test_count_parameters_dedups_tied():
     tied, untied = make_model(tied=True), make_model(tied=False)
     assert count_parameters(untied) - count_parameters(tied) == 300 * 64
@@ -143,3 +166,18 @@ def test_perplexity_matches_hf_loss(tiny_model):
     ppl = perplexity(tiny_model, ids, batch_size=3)
     loss = tiny_model(ids, labels=ids).loss
     assert ppl == pytest.approx(float(torch.exp(loss)), rel=1e-5)
+
+
+def test_one_manifest_builder():
+    from flexigpt.manifest import KEYS, new_manifest
+
+    m = new_manifest("dense", config={}, base_model="x", structure={}, info={},
+                     dense_params=10, compressed_params=7, calibration=None, seed=3,
+                     dtype="float32", compress_seconds=1.5)
+    assert set(KEYS) <= set(m) and m["history"] == [] and m["compress_seconds"] == 1.5
+    assert m["parameters"]["achieved_ratio"] == pytest.approx(0.3)
+    assert {"versions", "code_version", "git_commit"} <= set(m)  # provenance is recorded
+    with pytest.raises(ValueError, match="required keys"):
+        new_manifest("dense", config={}, base_model=None, structure={}, info={},
+                     dense_params=1, compressed_params=1, calibration=None, seed=0,
+                     dtype="float32", history=[1])

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from conftest import WORDS, make_model, make_tokenizer
-from flexigpt.evaluation.packing import (WorkCounts, batch_rows, bucket_rows, collate,
+from flexigpt.evaluation.fast.packing import (WorkCounts, batch_rows, bucket_rows, collate,
                                          collate_flat, pack_requests, plan_work)
 
 pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 
-from flexigpt.evaluation.lm import FastHFLM  # noqa: E402
+from flexigpt.evaluation.fast.lm import FastHFLM  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -150,7 +150,7 @@ def test_plan_work_counts_stock_and_tree_tokens():
 
 
 def test_tree_attention_switch_restores_the_model(tiny_model):
-    from flexigpt.evaluation.tree_attention import ATTENTION_NAME, tree_attention
+    from flexigpt.evaluation.fast.tree_attention import ATTENTION_NAME, tree_attention
 
     before = tiny_model.config._attn_implementation
     with pytest.raises(RuntimeError, match="inside"), tree_attention(tiny_model):
@@ -332,7 +332,7 @@ def test_rolling_is_stock_and_model_is_registered(tiny_model, tiny_tokenizer):
 @pytest.mark.parametrize("chunk_rows,tile_rows", [(1, None), (4, None), (64, None), (4, 3),
                                                    (64, 2)])
 def test_score_rows_equals_log_softmax_and_argmax(chunk_rows, tile_rows):
-    from flexigpt.evaluation.scoring import score_rows
+    from flexigpt.evaluation.fast.scoring import score_rows
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(10, 37, generator=gen) * 4
@@ -363,7 +363,7 @@ def test_score_rows_equals_log_softmax_and_argmax(chunk_rows, tile_rows):
 
 
 def test_keep_heap_for_reuse_is_idempotent():
-    from flexigpt.evaluation import cpu_malloc
+    from flexigpt.evaluation.fast import cpu_malloc
 
     first = cpu_malloc.keep_heap_for_reuse()
     assert cpu_malloc.keep_heap_for_reuse() is first

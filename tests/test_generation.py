@@ -260,7 +260,7 @@ def test_bench_decode_quick(saved_dirs, tmp_path):
     result = json.loads(out.read_text())
     runs = {r["label"]: r for r in result["models"]}
     assert set(runs) == {"dense", "flexi"}
-    assert "speculative" not in runs["dense"] and runs["flexi"]["speculative"]["identical"]
+    assert runs["dense"]["speculative"] is None and runs["flexi"]["speculative"]["identical"]
     for k in ("1", "2"):
         sp = runs["flexi"]["speculative"]["by_k"][k]
         assert sp["identical"] and sp["bound"] > 0 and sp["speedup"] > 0
@@ -268,3 +268,74 @@ def test_bench_decode_quick(saved_dirs, tmp_path):
         assert r["batch1"]["per_token_ms"] > 0 and r["batch1"]["peak_rss_mb"] > 0
         assert r["batched"]["batch_size"] > 1 and r["prefill_ms"] > 0
     assert "loadavg" in result
+
+
+# ---- decoding cost in the inference rule and Tables 6/7 ---------------------------------------
+def test_measure_decode_interleaved_rows(saved_dirs, tiny_tokenizer):
+    from flexigpt.generation.measure import measure_decode
+
+    flexi_dir, dense_dir = saved_dirs
+    gens = {"dense": Generator(dense_dir), "flexi": Generator(flexi_dir)}
+    seen = []
+    rows = measure_decode(gens, PROMPTS, new_tokens=5, batch=2, draft_lengths=[2], repeats=2,
+                          on_round=lambda rep, name, b1, s: seen.append((rep, name)))
+    assert seen == [(0, "dense"), (0, "flexi"), (1, "dense"), (1, "flexi")]  # interleaved
+    dense, flexi_row = rows
+    assert dense["relative_decode_time"] == 1.0 and dense["speculative"] is None
+    assert flexi_row["speculative"]["identical"] and flexi_row["speculative"]["best_k"] == 2
+    assert flexi_row["speculative"]["draft"]["extra_bytes"] == 0
+    assert flexi_row["batched"]["batch_size"] == 2 and flexi_row["prefill_ms"] > 0
+    with pytest.raises(ValueError, match="new_tokens"):
+        measure_decode(gens, PROMPTS, new_tokens=0, batch=2)
+    with pytest.raises(ValueError, match="draft lengths"):
+        measure_decode(gens, PROMPTS, new_tokens=2, batch=2, draft_lengths=[0])
+
+
+def test_inference_cost_with_decode_to_tables(saved_dirs, tmp_path):
+    from flexigpt.evaluation.inference import decode_settings, run_inference_cost
+    from flexigpt.tables import timing
+    from flexigpt.tables.collect import collect_timings
+    from flexigpt.tables.decode import collect_decodes
+    from flexigpt.tables.published import load_published
+    from flexigpt.tables.render import to_markdown
+
+    flexi_dir, dense_dir = saved_dirs
+    text = tmp_path / "held_out.txt"
+    text.write_text("The river flows north. It is long.\n\nMusic and film are arts. Yes.\n\n"
+                    "In the north the king ruled.\n")
+    dirs = {"dense/default/full": dense_dir, "flexigpt/default/r0.5": flexi_dir}
+    out_json = tmp_path / "tiny" / "inference.json"
+    with pytest.raises(ValueError, match="prompt text"):
+        run_inference_cost(dirs, out_json, batch=1, seq_len=8, repeats=1,
+                           decode={"prompts": 2})
+    with pytest.raises(ValueError, match="unknown key"):
+        decode_settings({"prompt": 2})
+    with pytest.raises(ValueError, match="new_tokens"):
+        decode_settings({"new_tokens": 0})
+    assert not out_json.exists()  # refused before any model loaded or file written
+    out = run_inference_cost(dirs, out_json, batch=1, seq_len=8, repeats=1, prompt_text=text,
+                             decode={"prompts": 3, "new_tokens": 4, "batch": 2})
+    dec = out["decode"]
+    assert dec["prompts"] == 3 and dec["draft_length"] == 2 and len(dec["rows"]) == 2
+    assert [r["method"] for r in dec["rows"]] == ["dense", "flexigpt"]
+    assert dec["rows"][1]["ratio"] == 0.5 and dec["rows"][1]["speculative"]["identical"]
+    saved = json.loads(out_json.read_text())["decode"]
+    assert [r["name"] for r in saved["rows"]] == list(dirs) and saved["new_tokens"] == 4
+    decodes = collect_decodes([out_json])
+    assert list(decodes["mode"]) == ["plain", "plain", "speculative"]
+    table = timing.timing_table(collect_timings([out_json]), load_published(), "tiny", 6,
+                                decodes=decodes)
+    md = to_markdown(table)
+    assert "decoding" in md and "self-speculative (k=2)" in md and "30.11%" in md
+    assert "identical to plain" in md and "NOT identical" not in md
+    assert set(table.csv["source"]) >= {"ours", "ours-decode", "paper"}
+    from flexigpt.tables.verdicts import claim_h
+
+    (claim,) = claim_h(decodes, "tiny")
+    assert claim["Paper"] == "+30.11%" and "greedy output identical" in claim["Ours"]
+    assert claim["Verdict"].startswith("reported")
+    # without decoding measured the table is the forward timing alone
+    plain = run_inference_cost(dirs, tmp_path / "t2" / "inference.json", batch=1, seq_len=8,
+                               repeats=1)
+    assert plain["decode"] is None
+    assert collect_decodes([tmp_path / "t2" / "inference.json"]).empty

@@ -168,15 +168,16 @@ def test_api_compress_roundtrip(tmp_path, tiny_checkpoint, text_file):
                             calibration=str(text_file), n_calibration=4, calibration_seq_len=32)
     assert abs(manifest["parameters"]["achieved_ratio"] - 0.3) <= 0.01
     ad = get_adapter(make_model())
-    assert manifest["info"]["recovery"] == {"recipe": "lora", "rank": 8, "alpha": 16.0,
-                                            "dropout": 0.05, "lr": 1e-4,
-                                            "targets": list(ad.attn_linears + ad.mlp_linears)}
+    assert manifest["info"]["recovery"] == {"recipe": "lora", "lora_rank": 8, "lora_alpha": 16.0,
+                                            "lora_dropout": 0.05, "lr": 1e-4,
+                                            "lora_targets": list(ad.attn_linears
+                                                                 + ad.mlp_linears)}
     from flexigpt.training.config import TrainConfig, resolve_plan  # the shared trainer reads it
 
     plan = resolve_plan(TrainConfig(), manifest)
     assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lr) == \
         ("lora", 8, 16.0, 0.05, 1e-4)
-    assert plan.lora_targets == tuple(manifest["info"]["recovery"]["targets"])
+    assert plan.lora_targets == tuple(manifest["info"]["recovery"]["lora_targets"])
     assert all(plan.sources[k] == "manifest" for k in
                ("recipe", "lr", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"))
     loaded = load_compressed(out)

@@ -94,21 +94,22 @@ def test_lora_budget_matches_flexigpt_and_peft():
     assert rec["flexigpt_rank"] == 4
     assert rec["flexigpt_trainable_params"] == 2 * (4 * width + 2 * 64)
     per_rank = 6 * width
-    r = rec["rank"]
-    assert rec["trainable_params"] == r * per_rank and rec["alpha"] == r
+    r = rec["lora_rank"]
+    assert rec["trainable_params"] == r * per_rank and rec["lora_alpha"] == r
     for other in (r - 1, r + 1):
         if other >= 1:
             assert (abs(other * per_rank - rec["flexigpt_trainable_params"])
                     >= abs(r * per_rank - rec["flexigpt_trainable_params"]))
     peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(
-        r=r, lora_alpha=rec["alpha"], target_modules=rec["targets"], lora_dropout=0.0))
+        r=r, lora_alpha=rec["lora_alpha"], target_modules=rec["lora_targets"], lora_dropout=0.0))
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     assert trainable == rec["trainable_params"]
 
 
 def test_lora_rank_override():
     res = _run("shortgpt_lora", make_model(layers=6), ratio=0.3, lora_rank=7)
-    assert res.info["recovery"]["rank"] == 7 and res.info["recovery"]["rank_source"] == "config"
+    rec = res.info["recovery"]
+    assert rec["lora_rank"] == 7 and rec["rank_source"] == "config"
 
 
 def test_save_reload_roundtrip(tmp_path, tiny_tokenizer):

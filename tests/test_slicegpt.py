@@ -275,21 +275,21 @@ def test_random_orientation_and_registry():
     assert get_method("slicegpt") is METHOD
     result, dense = _sliced(orientation="random")
     assert abs(result.info["achieved_ratio"] - 0.3) <= 0.01
-    assert result.info["recovery"] == {"recipe": "lora", "rank": 32, "alpha": 10.0,
-                                       "dropout": 0.05, "lr": 2e-4,
-                                       "targets": ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                   "gate_proj", "up_proj", "down_proj"]}
+    assert result.info["recovery"] == {"recipe": "lora", "lora_rank": 32, "lora_alpha": 10.0,
+                                       "lora_dropout": 0.05, "lr": 2e-4,
+                                       "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                        "gate_proj", "up_proj", "down_proj"]}
     assert _sliced(recovery="none")[0].info["recovery"] == {"recipe": "none"}
-    from flexigpt.train import TrainConfig, resolve_plan  # the shared trainer reads the recipe
+    from flexigpt.training import TrainConfig, resolve_plan  # the shared trainer reads the recipe
 
     plan = resolve_plan(TrainConfig(), {"method": "slicegpt", "info": result.info})
     assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lr) == \
         ("lora", 32, 10.0, 0.05, 2e-4)
-    assert plan.lora_targets == tuple(result.info["recovery"]["targets"])
+    assert plan.lora_targets == tuple(result.info["recovery"]["lora_targets"])
     assert all(plan.sources[k] == "manifest" for k in
                ("recipe", "lr", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"))
     ad = get_adapter(result.model)  # targets come from the architecture adapter
-    assert result.info["recovery"]["targets"] == list(ad.attn_linears + ad.mlp_linears)
+    assert result.info["recovery"]["lora_targets"] == list(ad.attn_linears + ad.mlp_linears)
 
 
 @pytest.mark.parametrize("options,match", [

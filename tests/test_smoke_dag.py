@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flexigpt.workflow import RunGrid
+from flexigpt.dag import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -228,6 +228,23 @@ def test_plan_resolution_order():
         resolve_plan(TrainConfig(recipe="lora", lora_other_blocks=True), {"method": "dense"})
 
 
+def test_recovery_recipe_is_typed_and_reads_old_manifests():
+    from flexigpt.registry import RecoveryRecipe
+
+    rec = RecoveryRecipe("lora", lr=1e-4, lora_rank=8, lora_targets=("q_proj",),
+                         facts={"rank_source": "config"})
+    saved = rec.to_dict()
+    assert saved == {"recipe": "lora", "lr": 1e-4, "lora_rank": 8, "lora_targets": ["q_proj"],
+                     "rank_source": "config"}
+    assert RecoveryRecipe.from_info({"recovery": saved}) == rec
+    old = RecoveryRecipe.from_info({"recovery": {"recipe": "lora", "rank": 8, "alpha": 16,
+                                                 "targets": ["q_proj"]}})
+    assert (old.lora_rank, old.lora_alpha, old.lora_targets) == (8, 16, ("q_proj",))
+    assert RecoveryRecipe.from_info({}) is None
+    with pytest.raises(ValueError, match="shadow"):
+        RecoveryRecipe("lora", lora_rank=4, facts={"lora_rank": 5}).to_dict()
+
+
 def test_lr_schedule_warmup_then_cosine():
     f = lr_factor(TrainConfig(warmup=2, warmup_min_steps=0, min_lr_ratio=0.1), steps=10)
     values = [f(i) for i in range(10)]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from flexigpt.registry import METHODS
-from flexigpt.workflow import RunGrid
+from flexigpt.dag import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

@@ -19,6 +19,7 @@ the target by several points). Both fractions are recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -33,21 +34,21 @@ from baselines.llm_pruner.surgery import apply_structure, head_dim_of, prune_blo
 from flexigpt.artifacts import empty_model
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import count_parameters
-from flexigpt.registry import CompressionResult, Method
+from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
 
 log = logging.getLogger(__name__)
 
 #: The paper's recovery recipe (official ``post_training.py``: LoRA r 8, α 16, dropout
 #: 0.05, lr 1e-4 on every attention and MLP linear), for the shared trainer; the targets
 #: come from the architecture adapter (:func:`recovery_recipe`).
-RECOVERY = {"recipe": "lora", "rank": 8, "alpha": 16.0, "dropout": 0.05, "lr": 1e-4}
+RECOVERY = RecoveryRecipe("lora", lr=1e-4, lora_rank=8, lora_alpha=16.0, lora_dropout=0.05)
 
 
 def recovery_recipe(adapter: ArchAdapter) -> dict[str, Any]:
     """``info["recovery"]`` read by ``flexigpt.training.config.resolve_plan``: :data:`RECOVERY`
     with ``targets`` = the adapter's attention and MLP linears (short names)."""
-    return {**RECOVERY,
-            "targets": list(dict.fromkeys(adapter.attn_linears + adapter.mlp_linears))}
+    targets = tuple(dict.fromkeys(adapter.attn_linears + adapter.mlp_linears))
+    return dataclasses.replace(RECOVERY, lora_targets=targets).to_dict()
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,9 @@ class LayerCost:
 
 def layer_cost(model: nn.Module, block: nn.Module, head_dim: int) -> LayerCost:
     """Parameter arithmetic of one block (counts exactly what ``prune_block`` removes)."""
-    lin = get_adapter(model).block_linears(block)
-    q, k, v, o, gate, up, down = lin.values()
+    adapter = get_adapter(model)
+    q, k, v, o, gate, up, down = (adapter.linear(block, role) for role in
+                                  ("q", "k", "v", "o", "gate", "up", "down"))
     n_kv = k.out_features // head_dim
     g = q.out_features // head_dim // n_kv
 
@@ -144,7 +146,10 @@ def _keep(scores: torch.Tensor, n_remove: int) -> torch.Tensor:
 
 def compress(model: nn.Module, tokenizer: Any, calibration: Any,
              cfg: LLMPrunerConfig) -> CompressionResult:
-    """Prune attention groups and FFN channels in place. ``calibration``: ``[N, T]`` ids."""
+    """Prune attention groups and FFN channels in place. ``calibration``: ``[N, T]`` ids.
+    Llama-family models only (gated MLP, grouped KV heads): others raise
+    ``UnsupportedArchitectureError``."""
+    METHOD.check_family(model)
     if calibration is None:
         raise ValueError("LLM-Pruner needs calibration windows for its Taylor importance")
     adapter = get_adapter(model)
@@ -190,5 +195,5 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
 
 
 METHOD = Method(name="llm_pruner", config_cls=LLMPrunerConfig, compress=compress,
-                rebuild=rebuild, needs_calibration=True, recovery="lora",
+                rebuild=rebuild, recovery="lora",
                 description="LLM-Pruner block-wise: Taylor-pruned heads and FFN channels")

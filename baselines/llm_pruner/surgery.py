@@ -79,8 +79,8 @@ def prune_block(adapter: ArchAdapter, block: nn.Module, keep_groups: torch.Tenso
     channels of each kept KV head; gate/up rows and down columns: the kept channels.
     """
     attn, mlp = adapter.attn(block), adapter.mlp(block)
-    q_name, k_name, v_name, o_name = adapter.attn_linears
-    gate_name, up_name, down_name = adapter.mlp_linears
+    q_name, k_name, v_name, o_name = (adapter.role_name(r) for r in ("q", "k", "v", "o"))
+    gate_name, up_name, down_name = (adapter.role_name(r) for r in ("gate", "up", "down"))
     q, k = getattr(attn, q_name), getattr(attn, k_name)
     n_kv = k.out_features // head_dim
     group = q.out_features // head_dim // n_kv
@@ -109,12 +109,9 @@ def structure_of(model: nn.Module) -> dict[str, Any]:
     out: dict[str, Any] = {"head_dim": head_dim, "num_attention_heads": [],
                            "num_key_value_heads": [], "intermediate_size": []}
     for block in adapter.layers(model):
-        attn, mlp = adapter.attn(block), adapter.mlp(block)
-        out["num_attention_heads"].append(
-            getattr(attn, adapter.attn_linears[0]).out_features // head_dim)
-        out["num_key_value_heads"].append(
-            getattr(attn, adapter.attn_linears[1]).out_features // head_dim)
-        out["intermediate_size"].append(getattr(mlp, adapter.mlp_linears[0]).out_features)
+        out["num_attention_heads"].append(adapter.linear(block, "q").out_features // head_dim)
+        out["num_key_value_heads"].append(adapter.linear(block, "k").out_features // head_dim)
+        out["intermediate_size"].append(adapter.linear(block, "gate").out_features)
     return out
 
 
@@ -137,8 +134,8 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
         if n_kv < 1 or n_heads % n_kv:
             raise ValueError(f"bad head counts {n_heads}/{n_kv} in structure")
         attn, mlp = adapter.attn(block), adapter.mlp(block)
-        q_name, k_name, v_name, o_name = adapter.attn_linears
-        gate_name, up_name, down_name = adapter.mlp_linears
+        q_name, k_name, v_name, o_name = (adapter.role_name(r) for r in ("q", "k", "v", "o"))
+        gate_name, up_name, down_name = (adapter.role_name(r) for r in ("gate", "up", "down"))
         for name, rows in ((q_name, n_heads), (k_name, n_kv), (v_name, n_kv)):
             old = getattr(attn, name)
             setattr(attn, name, _new_linear(old, old.in_features, rows * head_dim))

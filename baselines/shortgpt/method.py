@@ -27,7 +27,7 @@ from flexigpt.block_count import block_count
 from flexigpt.block_influence import lowest_blocks, scores_for
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import compression_ratio, count_parameters
-from flexigpt.registry import CompressionResult, Method
+from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
 from flexigpt.training.lora import lora_params_per_rank
 
 log = logging.getLogger(__name__)
@@ -77,11 +77,12 @@ def lora_budget(adapter: ArchAdapter, removed: list[nn.Module], remaining: list[
     if lora_rank is None:
         low = max(1, flex // per_rank)
         lora_rank = min((low, low + 1), key=lambda r: (abs(r * per_rank - flex), r))
-    return {"recipe": "lora", "rank": lora_rank, "alpha": lora_rank,
-            "targets": list(adapter.attn_linears + adapter.mlp_linears),
-            "trainable_params": lora_rank * per_rank,
-            "flexigpt_trainable_params": flex, "flexigpt_rank": flexigpt_rank,
-            "rank_source": source}
+    return RecoveryRecipe("lora", lora_rank=lora_rank, lora_alpha=lora_rank,
+                          lora_targets=tuple(adapter.attn_linears + adapter.mlp_linears),
+                          trainable_params=lora_rank * per_rank,
+                          facts={"flexigpt_trainable_params": flex,
+                                 "flexigpt_rank": flexigpt_rank,
+                                 "rank_source": source}).to_dict()
 
 
 def remove_blocks(model: nn.Module, calibration: Any, cfg: ShortGPTConfig
@@ -129,9 +130,8 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
 
 
 METHOD = Method(name="shortgpt", config_cls=ShortGPTConfig, compress=compress,
-                rebuild=rebuild, needs_calibration=True, recovery="none",
+                rebuild=rebuild, recovery="none",
                 description="ShortGPT: remove the k lowest Block-Influence blocks")
 METHOD_LORA = Method(name="shortgpt_lora", config_cls=ShortGPTLoRAConfig,
-                     compress=compress_lora, rebuild=rebuild, needs_calibration=True,
-                     recovery="lora",
+                     compress=compress_lora, rebuild=rebuild, recovery="lora",
                      description="ShortGPT + LoRA recovery with FlexiGPT's trainable budget")

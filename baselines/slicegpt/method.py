@@ -28,7 +28,7 @@ from baselines.slicegpt.rotate import rotate_and_slice
 from flexigpt.artifacts import empty_model
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import count_parameters
-from flexigpt.registry import CompressionResult, Method
+from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,10 @@ def rft_targets(adapter: ArchAdapter) -> list[str]:
 def recovery_recipe(cfg: SliceGPTConfig, adapter: ArchAdapter) -> dict[str, Any]:
     """``info["recovery"]`` for the shared trainer (``flexigpt.training.config.resolve_plan``)."""
     if cfg.recovery == "none":
-        return {"recipe": "none"}
-    return {"recipe": "lora", "rank": cfg.lora_rank, "alpha": cfg.lora_alpha,
-            "dropout": cfg.lora_dropout, "lr": cfg.lora_lr, "targets": rft_targets(adapter)}
+        return RecoveryRecipe("none").to_dict()
+    return RecoveryRecipe("lora", lr=cfg.lora_lr, lora_rank=cfg.lora_rank,
+                          lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          lora_targets=tuple(rft_targets(adapter))).to_dict()
 
 
 def resolve_head(head: str, tied: bool, kind: str) -> str:
@@ -93,7 +94,10 @@ def _check_windows(calibration: Any) -> torch.Tensor:
 
 def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
              cfg: SliceGPTConfig, mask: torch.Tensor | None = None) -> CompressionResult:
-    """Slice ``model`` in place; ``calibration [N, T]``, optional padding ``mask [N, T]``."""
+    """Slice ``model`` in place; ``calibration [N, T]``, optional padding ``mask [N, T]``.
+    Llama-family models only (OPT would need LayerNorm-with-bias folding and its learned
+    positions rotated): others raise ``UnsupportedArchitectureError``."""
+    METHOD.check_family(model)
     windows = _check_windows(calibration)
     if mask is not None and mask.shape != windows.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} != windows shape {tuple(windows.shape)}")
@@ -181,5 +185,5 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
 
 
 METHOD = Method(name="slicegpt", config_cls=SliceGPTConfig, compress=compress, rebuild=rebuild,
-                needs_calibration=True, recovery="lora",
+                recovery="lora",
                 description="SliceGPT: PCA rotation + slicing of the residual stream")

@@ -6,7 +6,7 @@ Public entry points::
     evaluate_model(model_dir, out_json, tasks=..., limit=..., source="local", ...)
     load_result(path)                                     # validated result JSON
     measure_inference(models, batch, seq_len, repeats)   # Tables 6/7
-    flexigpt.evaluation.lm.FastHFLM                      # lm-eval model "flexigpt-fast"
+    flexigpt.evaluation.fast.lm.FastHFLM                      # lm-eval model "flexigpt-fast"
 
 lm-eval itself is imported only when a task is evaluated.
 """

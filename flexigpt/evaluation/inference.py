@@ -1,9 +1,15 @@
 """Inference cost of several models on the same input, in one process (paper Tables 6/7).
 
-Protocol: one fixed random batch ``[batch, seq_len]`` of token ids; every model runs
-``warmup`` untimed forward passes, then ``repeats`` rounds in which the models take turns
-(interleaved, so drifting machine load hits all of them alike); the median round time is
-reported. Relative time/throughput are fractions of the first model's (the dense model).
+Forward protocol (the paper's): one fixed random batch ``[batch, seq_len]`` of token ids;
+every model runs ``warmup`` untimed forward passes, then ``repeats`` rounds in which the
+models take turns (interleaved, so drifting machine load hits all of them alike); the median
+round time is reported. Relative time/throughput are fractions of the first model's (the
+dense model).
+
+Decoding (``decode``, what a user of a compressed model waits for): greedy generation of
+the same held-out prompts by every model, interleaved the same way, at batch 1 and a larger
+batch, and self-speculative decoding of the FlexiGPT models
+(:func:`flexigpt.generation.measure.measure_decode`).
 """
 
 from __future__ import annotations
@@ -76,6 +82,24 @@ def measure_inference(models: dict[str, nn.Module], batch: int, seq_len: int,
     return rows
 
 
+def _decode_rows(loaded: dict[str, Any], prompts: list[str], dec: dict[str, int],
+                 meta: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Decoding cost of the loaded models (:func:`measure_decode`), one row per model with
+    its name fields (method, variant, setting, ratio)."""
+    from flexigpt.generation import Generator
+    from flexigpt.generation.measure import measure_decode
+
+    def progress(rep: int, name: str, b1: dict[str, Any], seconds: float) -> None:
+        log.info("decode [%d/%d] %s: %.2f ms/token at batch 1 (%.1f s)", rep + 1,
+                 dec["repeats"], name, b1["per_token_ms"], seconds)
+
+    gens = {name: Generator(value) for name, value in loaded.items()}
+    entries = measure_decode(gens, prompts, dec["new_tokens"], dec["batch"],
+                             [dec["draft_length"]], dec["repeats"], on_round=progress)
+    keys = ("method", "variant", "setting", "ratio")
+    return [{**e, **{k: meta[e["name"]][k] for k in keys}} for e in entries]
+
+
 def _parse_name(name: str) -> dict[str, Any]:
     """``method/variant/setting`` (the DAG's naming) → method, variant, ratio."""
     parts = name.split("/", 2)
@@ -91,36 +115,78 @@ def _parse_name(name: str) -> dict[str, Any]:
     return {"method": method, "variant": variant, "setting": setting, "ratio": ratio}
 
 
+#: ``inference.decode`` settings (prompts = 0: no decoding measured)
+DECODE_DEFAULTS = {"prompts": 0, "new_tokens": 16, "batch": 4, "draft_length": 2, "repeats": 1}
+
+
+def decode_settings(decode: dict[str, Any] | None) -> dict[str, int]:
+    """``inference.decode`` with its defaults; ValueError naming an unknown or bad key."""
+    given = dict(decode or {})
+    unknown = sorted(set(given) - set(DECODE_DEFAULTS))
+    if unknown:
+        raise ValueError(f"inference.decode: unknown key(s) {unknown}; known: "
+                         f"{sorted(DECODE_DEFAULTS)}")
+    out = {**DECODE_DEFAULTS, **given}
+    for key, value in out.items():
+        low = 0 if key == "prompts" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"inference.decode.{key} must be an int >= {low}, got {value!r}")
+    return out
+
+
 def run_inference_cost(inputs: dict[str, str | os.PathLike], out_json: str | os.PathLike,
                        batch: int = 4, seq_len: int = 256, repeats: int = 5,
                        model: str | None = None, dtype: str = "float32",
-                       device: str = "cpu", warmup: int = 1) -> dict[str, Any]:
+                       device: str = "cpu", warmup: int = 1,
+                       decode: dict[str, Any] | None = None,
+                       prompt_text: str | os.PathLike | None = None) -> dict[str, Any]:
     """Load each saved model, time them together, write the timing JSON atomically.
 
     Args:
         inputs: ``"method/variant/setting"`` → model dir, reference (dense) first.
         model: model key recorded in the JSON (default: the parent folder of ``out_json``).
+        decode: :data:`DECODE_DEFAULTS` keys; with ``prompts > 0`` the decoding cost of the
+            first sentences of the first ``prompts`` documents of ``prompt_text`` is
+            measured too.
 
     Output: ``{"schema": 1, "model", "batch", "seq_len", "repeats", "rows": [{name,
     method, variant, setting, ratio, model_dir, parameters, num_layers, seconds,
-    tokens_per_s, relative_time, relative_throughput}], "device", "threads",
-    "provenance", "created"}``.
+    tokens_per_s, relative_time, relative_throughput}], "decode": null | {settings...,
+    "prompt_text", "rows": [{name, method, variant, setting, ratio, weights_mb,
+    prefill_ms, batch1, batched, relative_decode_time, speculative}]}, "device",
+    "threads", "provenance", "created"}``.
+
+    Raises:
+        ValueError: bad ``decode`` settings, or ``prompts > 0`` without ``prompt_text``
+            (before any model is loaded).
     """
     from flexigpt.artifacts import atomic_write_text, load_compressed
     from flexigpt.params import count_parameters
     from flexigpt.provenance import provenance
 
-    models, meta = {}, {}
+    dec = decode_settings(decode)
+    prompts = None
+    if dec["prompts"]:
+        if prompt_text is None:
+            raise ValueError("inference.decode.prompts > 0 needs a prompt text")
+        from flexigpt.generation.measure import default_prompts
+        prompts = default_prompts(prompt_text, dec["prompts"])
+    loaded_models, models, meta = {}, {}, {}
     for name, path in inputs.items():
-        loaded = load_compressed(path, dtype=dtype, device=device)
+        loaded = loaded_models[name] = load_compressed(path, dtype=dtype, device=device)
         models[name] = loaded.model
         meta[name] = {**_parse_name(name), "model_dir": str(path),
                       "parameters": count_parameters(loaded.model),
                       "num_layers": int(loaded.model.config.num_hidden_layers)}
     rows = measure_inference(models, batch, seq_len, repeats, warmup)
+    decoded = None
+    if prompts is not None:
+        decoded = {**dec, "prompt_text": str(prompt_text),
+                   "rows": _decode_rows(loaded_models, prompts, dec, meta)}
     out = {"schema": 1, "model": model or Path(out_json).parent.name, "batch": batch,
            "seq_len": seq_len, "repeats": repeats, "dtype": dtype,
-           "rows": [{**meta[r["name"]], **r} for r in rows], "device": device,
+           "rows": [{**meta[r["name"]], **r} for r in rows], "decode": decoded,
+           "device": device,
            "threads": torch.get_num_threads(), "provenance": provenance(),
            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     atomic_write_text(out_json, json.dumps(out, indent=2) + "\n")

@@ -44,7 +44,7 @@ def make_lm(model: nn.Module, tokenizer: Any, backend: str = "fast", batch_size:
     """
     from lm_eval.models.huggingface import HFLM
 
-    from flexigpt.evaluation.lm import FastHFLM
+    from flexigpt.evaluation.fast.lm import FastHFLM
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -42,6 +42,7 @@ from flexigpt.generation.draft import (SPECULATIVE_METHODS, build_draft, draft_e
 log = logging.getLogger(__name__)
 
 __all__ = ["GenerationOutput", "Generator", "generate", "read_prompts", "speculative_bound",
+           "rss_bytes",
            "SPECULATIVE_METHODS", "build_draft", "skipped_blocks", "draft_extra_bytes"]
 
 #: default draft length k (tokens drafted per verification)
@@ -161,12 +162,12 @@ class Generator:
 
             n_blocks = len(get_adapter(self.model).layers(self.model))
             skip = skipped_blocks(self.manifest, n_blocks)
-            rss0 = _rss_bytes()
+            rss0 = rss_bytes()
             self._draft = build_draft(self.model, skip, draft_length)
             self.draft_info = {"skipped_blocks": skip, "draft_blocks": n_blocks - len(skip),
                                "full_blocks": n_blocks,
                                "extra_bytes": draft_extra_bytes(self._draft, self.model),
-                               "build_rss_delta_bytes": _rss_bytes() - rss0}
+                               "build_rss_delta_bytes": rss_bytes() - rss0}
         set_draft_length(self._draft, draft_length)
         return self._draft
 
@@ -334,7 +335,8 @@ def _quiet_transformers(quiet: bool):
         hf_logging.set_verbosity(level)
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (0 where /proc is unavailable)."""
     try:
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

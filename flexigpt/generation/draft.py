@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 from flexigpt.models.adapters import get_adapter
+from flexigpt.registry import methods_with
 
-#: methods whose models have a self-speculative draft
-SPECULATIVE_METHODS = ("flexigpt", "flexigpt_extend")
+#: methods whose models have a self-speculative draft (``MethodFacts.speculative``)
+SPECULATIVE_METHODS = methods_with("speculative")
 
 
 class _CacheView:
@@ -112,11 +113,7 @@ def build_draft(model: nn.Module, skip: list[int], draft_length: int = 2) -> nn.
     kept = [i for i in range(len(blocks)) if i not in set(skip)]
     if not kept:
         raise ValueError("the draft would have no blocks")
-    config = copy.deepcopy(model.config)
-    config.num_hidden_layers = len(kept)
-    layer_types = getattr(model.config, "layer_types", None)
-    if layer_types is not None:
-        config.layer_types = [layer_types[i] for i in kept]
+    config = adapter.with_blocks(model.config, kept)
     with torch.device("meta"), no_init_weights():
         draft = type(model)(config)
     # share every module except the block list with the full model

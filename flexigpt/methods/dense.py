@@ -26,5 +26,5 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
 
 
 METHOD = Method(name="dense", config_cls=DenseConfig, compress=compress, rebuild=rebuild,
-                needs_calibration=False, recovery="none",
+                recovery="none",
                 description="unpruned reference model")

@@ -13,7 +13,6 @@ of the span one extra copy and ``sequential`` appends a partial pass over the sp
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -29,7 +28,7 @@ from flexigpt.methods.surgery import (OUTPUT_NORM_EPS, default_rank, init_standa
                                       matrix_ranks, repeat_shell, share_block, sharing_summary)
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
-from flexigpt.registry import CompressionResult, Method
+from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +160,8 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     info = {"layout": layout, "repeat_positions": repeats, "original_layers": n_blocks,
             "layers": len(layout), "pattern": cfg.pattern, "params": params,
             "timings": {"surgery": round(time.perf_counter() - t0, 3)},
-            "recovery": {"recipe": "flexigpt", "trainable_params": adapter_trainable(model)}}
+            "recovery": RecoveryRecipe("flexigpt",
+                                       trainable_params=adapter_trainable(model)).to_dict()}
     log.info("extended %d -> %d blocks (+%.2f%% parameters)", n_blocks, len(layout),
              100 * params["overhead"])
     return CompressionResult(model=model, structure=structure, info=info)
@@ -169,12 +169,7 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
 
 def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
     """Skeleton of the extended model: the original-depth model + the same layout surgery."""
-    original = copy.deepcopy(config)
-    n = structure["original_layers"]
-    original.num_hidden_layers = n
-    layer_types = getattr(original, "layer_types", None)
-    if layer_types is not None:
-        original.layer_types = [layer_types[0]] * n
+    original = get_adapter(config).with_depth(config, structure["original_layers"])
     model = empty_model(original)
     apply_layout(model, structure["layout"], structure["ranks"], structure["output_norm"],
                  gamma_init=0.0, initialise=False,
@@ -183,5 +178,5 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
 
 
 METHOD = Method(name="flexigpt_extend", config_cls=ExtendConfig, compress=compress,
-                rebuild=rebuild, needs_calibration=False, recovery="flexigpt",
+                rebuild=rebuild, recovery="flexigpt",
                 description="FlexiGPT extension: repeated weight-shared blocks with LoRA")

@@ -31,7 +31,7 @@ from flexigpt.methods.surgery import (OUTPUT_NORM_EPS, adapter_numel, default_ra
 from flexigpt.methods.sharing import adapter_trainable
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
-from flexigpt.registry import CompressionResult, Method, validate_ratio
+from flexigpt.registry import CompressionResult, Method, RecoveryRecipe, validate_ratio
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,8 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
             "predicted_ratio": k * saving["net"] / dense, "params": params,
             "svd_init_residual": residuals,
             "timings": {key: round(v, 3) for key, v in timings.items()},
-            "recovery": {"recipe": "flexigpt", "trainable_params": adapter_trainable(model)}}
+            "recovery": RecoveryRecipe("flexigpt",
+                                       trainable_params=adapter_trainable(model)).to_dict()}
     return CompressionResult(model=model, structure=structure, info=info)
 
 
@@ -233,5 +234,5 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
 
 
 METHOD = Method(name="flexigpt", config_cls=FlexiGPTConfig, compress=compress, rebuild=rebuild,
-                needs_calibration=True, recovery="flexigpt",
+                recovery="flexigpt",
                 description="FlexiGPT: BI pruning + low-rank weight-shared replacement blocks")

@@ -134,6 +134,9 @@ class OutputNorm(nn.Module):
         eps: variance guard.
     """
 
+    #: adapters look through this wrapper when it wraps a linear itself (OPT's ``fc2``)
+    wraps_sublayer = True
+
     def __init__(self, inner: nn.Module, hidden_size: int, gamma_init: float,
                  eps: float = 1e-6) -> None:
         super().__init__()

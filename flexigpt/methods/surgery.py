@@ -57,6 +57,12 @@ def _set_child(root: nn.Module, dotted: str, module: nn.Module) -> None:
     setattr(parent, name, module)
 
 
+def _get_child(root: nn.Module, dotted: str) -> nn.Module:
+    for part in dotted.split("."):
+        root = getattr(root, part)
+    return root
+
+
 def share_block(target: nn.Module, base: nn.Module, adapter: ArchAdapter, hidden_size: int,
                 ranks: dict[str, int], output_norm: bool, gamma_init: float,
                 share_prenorms: bool = False,
@@ -65,7 +71,9 @@ def share_block(target: nn.Module, base: nn.Module, adapter: ArchAdapter, hidden
 
     Every linear of ``target`` is replaced by ``SharedLoRALinear(base's linear, zeros, zeros)``
     (so ``target``'s own linears are dropped); ``share_prenorms`` makes its two pre-norms the
-    base's modules; ``output_norm`` wraps its attention and MLP in :class:`OutputNorm`.
+    base's modules; ``output_norm`` wraps its attention's and MLP's residual writers
+    (``adapter.writers()``: the attention and MLP modules on Llama, ``fc2`` on OPT) in
+    :class:`OutputNorm`.
 
     Returns:
         ``{dotted linear name: SharedLoRALinear}`` for initialisation.
@@ -85,8 +93,9 @@ def share_block(target: nn.Module, base: nn.Module, adapter: ArchAdapter, hidden
         setattr(target, adapter.input_norm_name, adapter.input_norm(base))
         setattr(target, adapter.post_attn_norm_name, adapter.post_attn_norm(base))
     if output_norm:
-        for sub in (adapter.attn_name, adapter.mlp_name):
-            setattr(target, sub, OutputNorm(getattr(target, sub), hidden_size, gamma_init, eps))
+        for sub in adapter.writers():
+            _set_child(target, sub, OutputNorm(_get_child(target, sub), hidden_size, gamma_init,
+                                               eps))
     return out
 
 

@@ -5,8 +5,9 @@ from flexigpt.models.adapters import (
     ArchAdapter,
     UnsupportedArchitectureError,
     get_adapter,
+    require_family,
 )
 from flexigpt.models.loading import ModelLoadError, load_model, parse_dtype
 
 __all__ = ["ADAPTERS", "ArchAdapter", "ModelLoadError", "UnsupportedArchitectureError",
-           "get_adapter", "load_model", "parse_dtype"]
+           "get_adapter", "load_model", "parse_dtype", "require_family"]

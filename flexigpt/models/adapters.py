@@ -1,13 +1,19 @@
 """Architecture adapters: the only place that knows family-specific attribute names.
 
 Methods (FlexiGPT, ShortGPT, SliceGPT, LLM-Pruner) touch models exclusively through an
-:class:`ArchAdapter`, selected by ``config.model_type`` from :data:`ADAPTERS`. Adding a family
-(e.g. OPT) means one new adapter instance registered here or in a sibling module.
+:class:`ArchAdapter`, selected by ``config.model_type`` from :data:`ADAPTERS`, and answer by
+role: the blocks, the linears that read / write the residual stream, the module whose
+output is each sub-layer's contribution to it (``*_writer_name``), the pre-norms. Families:
+Llama (2, 3), Mistral, Qwen2, Qwen3 (:data:`LLAMA`) and OPT (:data:`OPT`: no MLP module,
+``fc1``/``fc2`` on the block, LayerNorms with bias, learned positions). A method that cannot
+handle a family says so with :func:`require_family`.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -24,12 +30,13 @@ class ArchAdapter:
     """
 
     model_types: tuple[str, ...]
+    family: str = "llama"  # what methods name in "supports" checks (require_family)
     layers_path: str = "model.layers"  # from the CausalLM to the nn.ModuleList of blocks
     embed_path: str = "model.embed_tokens"  # from the CausalLM
     final_norm_path: str = "model.norm"  # from the CausalLM
     lm_head_path: str = "lm_head"  # from the CausalLM
     attn_name: str = "self_attn"  # from a block
-    mlp_name: str = "mlp"  # from a block
+    mlp_name: str = "mlp"  # from a block; "" = the MLP linears live on the block itself
     input_norm_name: str = "input_layernorm"  # from a block, the norm before attention
     post_attn_norm_name: str = "post_attention_layernorm"  # from a block, the norm before the MLP
     attn_linears: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")  # from attn
@@ -39,6 +46,15 @@ class ArchAdapter:
     mlp_in_linears: tuple[str, ...] = ("gate_proj", "up_proj")
     mlp_out_linears: tuple[str, ...] = ("down_proj",)
     layer_idx_attr: str = "layer_idx"  # on attn: the KV-cache slot of the block
+    # from a block: the modules whose outputs are the attention's / MLP's contribution to the
+    # residual stream (what FlexiGPT's output normalisation wraps)
+    attn_writer_name: str = "self_attn"
+    mlp_writer_name: str = "mlp"
+    # role → short linear name: q / k / v / o of attention, gate / up / down of the MLP
+    # (a role a family lacks, e.g. OPT's gate, is absent)
+    roles: tuple[tuple[str, str], ...] = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"),
+                                          ("o", "o_proj"), ("gate", "gate_proj"),
+                                          ("up", "up_proj"), ("down", "down_proj"))
 
     # ---- whole model -------------------------------------------------------------------
     def layers(self, model: nn.Module) -> nn.ModuleList:
@@ -66,6 +82,30 @@ class ArchAdapter:
                 "not supported by this adapter"
             )
 
+    def with_blocks(self, config: Any, kept: list[int]) -> Any:
+        """A copy of ``config`` for a model made of the blocks ``kept`` (positions in
+        ``config``'s stack): the depth and any per-layer ``layer_types`` follow."""
+        out = copy.deepcopy(config)
+        out.num_hidden_layers = len(kept)
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types is not None:
+            out.layer_types = [layer_types[i] for i in kept]
+        return out
+
+    def with_depth(self, config: Any, n: int) -> Any:
+        """A copy of ``config`` at depth ``n`` (uniform ``layer_types`` only: a stack of
+        mixed layer types has no defined depth-``n`` version)."""
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types is not None and len(set(layer_types)) > 1:
+            raise UnsupportedArchitectureError(
+                f"model has per-layer types {sorted(set(layer_types))}; changing its depth is "
+                "not supported by this adapter")
+        out = copy.deepcopy(config)
+        out.num_hidden_layers = n
+        if layer_types is not None:
+            out.layer_types = [layer_types[0]] * n
+        return out
+
     def embed(self, model: nn.Module) -> nn.Embedding:
         return _get(model, self.embed_path)
 
@@ -80,7 +120,15 @@ class ArchAdapter:
         return getattr(block, self.attn_name)
 
     def mlp(self, block: nn.Module) -> nn.Module:
+        if not self.mlp_name:
+            raise UnsupportedArchitectureError(
+                f"{self.family} blocks have no MLP module (the MLP linears "
+                f"{self.mlp_linears} are attributes of the block)")
         return getattr(block, self.mlp_name)
+
+    def writers(self) -> tuple[str, str]:
+        """Dotted names (from a block) of the attention's and the MLP's residual writers."""
+        return self.attn_writer_name, self.mlp_writer_name
 
     def input_norm(self, block: nn.Module) -> nn.Module:
         return getattr(block, self.input_norm_name)
@@ -90,19 +138,62 @@ class ArchAdapter:
 
     def linear_names(self) -> tuple[str, ...]:
         """Dotted names (relative to a block) of every linear matrix of a block, in order."""
+        mlp = f"{self.mlp_name}." if self.mlp_name else ""
         return tuple(f"{self.attn_name}.{n}" for n in self.attn_linears) + tuple(
-            f"{self.mlp_name}.{n}" for n in self.mlp_linears
+            f"{mlp}{n}" for n in self.mlp_linears
         )
 
+    def role_name(self, role: str) -> str:
+        """Short name of the linear playing ``role`` (``q``, ``k``, ``v``, ``o``, ``gate``,
+        ``up``, ``down``); UnsupportedArchitectureError when the family has no such role."""
+        names = dict(self.roles)
+        if role not in names:
+            raise UnsupportedArchitectureError(
+                f"{self.family} blocks have no {role!r} linear (roles: {sorted(names)})")
+        return names[role]
+
+    def linear(self, block: nn.Module, role: str) -> nn.Linear:
+        """The linear of ``block`` playing ``role`` (see :meth:`role_name`)."""
+        name = self.role_name(role)
+        owner = self.attn(block) if name in self.attn_linears else (
+            self.mlp(block) if self.mlp_name else block)
+        return _unwrap_output_norm(getattr(owner, name))
+
     def block_linears(self, block: nn.Module) -> dict[str, nn.Linear]:
-        """``{dotted name: linear}`` for one block (wrappers are returned as they are)."""
-        return {name: _get(block, name) for name in self.linear_names()}
+        """``{dotted name: linear}`` for one block (LoRA/sharing wrappers are returned as they
+        are; an output-norm wrapper around a linear itself, as on OPT's ``fc2``, is looked
+        through)."""
+        return {name: _unwrap_output_norm(_get(block, name)) for name in self.linear_names()}
 
 
 LLAMA = ArchAdapter(model_types=("llama", "mistral", "qwen2", "qwen3"))
 
+#: OPT (paper Table 3): ``model.decoder.*``, pre-norms ``self_attn_layer_norm`` /
+#: ``final_layer_norm`` (LayerNorm with bias), ``fc1``/``fc2`` on the block (the MLP's
+#: residual writer is ``fc2`` itself), learned positional embeddings.
+OPT = ArchAdapter(model_types=("opt",), family="opt", layers_path="model.decoder.layers",
+                  embed_path="model.decoder.embed_tokens",
+                  final_norm_path="model.decoder.final_layer_norm", mlp_name="",
+                  input_norm_name="self_attn_layer_norm", post_attn_norm_name="final_layer_norm",
+                  attn_linears=("q_proj", "k_proj", "v_proj", "out_proj"),
+                  mlp_linears=("fc1", "fc2"), attn_out_linears=("out_proj",),
+                  mlp_in_linears=("fc1",), mlp_out_linears=("fc2",), mlp_writer_name="fc2",
+                  roles=(("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj"),
+                         ("up", "fc1"), ("down", "fc2")))
+
 #: model_type → adapter. Register a new family by adding its adapter here.
-ADAPTERS: dict[str, ArchAdapter] = {t: a for a in (LLAMA,) for t in a.model_types}
+ADAPTERS: dict[str, ArchAdapter] = {t: a for a in (LLAMA, OPT) for t in a.model_types}
+
+
+def require_family(model_or_config: object, method: str, families: tuple[str, ...]) -> None:
+    """Raise :class:`UnsupportedArchitectureError` naming ``method`` and the model's family
+    unless the family (``ArchAdapter.family``) is one of ``families``."""
+    adapter = get_adapter(model_or_config)
+    if adapter.family not in families:
+        raise UnsupportedArchitectureError(
+            f"{method} does not support the {adapter.family!r} family (model_type "
+            f"{getattr(getattr(model_or_config, 'config', model_or_config), 'model_type', None)!r}"
+            f"); it supports {list(families)}")
 
 
 def get_adapter(model_or_config: object) -> ArchAdapter:
@@ -120,6 +211,13 @@ def get_adapter(model_or_config: object) -> ArchAdapter:
             f"unsupported architecture {model_type!r}: supported model types are "
             f"{sorted(ADAPTERS)} (add an ArchAdapter in flexigpt/models/adapters.py)"
         ) from None
+
+
+def _unwrap_output_norm(module: nn.Module) -> nn.Module:
+    """The sub-layer inside an output-norm wrapper (``wraps_sublayer`` class attribute)."""
+    while getattr(type(module), "wraps_sublayer", False):
+        module = module.inner
+    return module
 
 
 def _get(obj: object, dotted: str) -> nn.Module:

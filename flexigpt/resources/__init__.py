@@ -9,7 +9,7 @@ Layout under a resources root (``resources/`` by default, git-ignored)::
     .cache/wheels/                       verified source wheels
 
 Every output directory is written atomically with a ``resource.json`` stamp; rebuilding
-an up-to-date output is a no-op. See docs/resources in the shared docs for the sources.
+an up-to-date output is a no-op. See docs/resources.md for the sources.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import logging
 
 import pandas as pd
 
+from flexigpt.registry import METHODS
 from flexigpt.tables.collect import RECOVERY_COLUMNS, SETTING_KEYS, TASKS, classify
 from flexigpt.tables.intervals import CI_COLUMNS, with_errors
 from flexigpt.tables.published import PAPER_MODELS, match_published, paper_model
@@ -25,9 +26,7 @@ log = logging.getLogger(__name__)
 
 TASK_HEADERS = {"arc_easy": "ARC-e", "arc_challenge": "ARC-c", "piqa": "PIQA",
                 "winogrande": "WinoG.", "hellaswag": "HellaS."}
-METHOD_LABELS = {"dense": "Dense", "slicegpt": "SliceGPT", "llm_pruner": "LLM-Pruner",
-                 "shortgpt": "ShortGPT", "shortgpt_lora": "ShortGPT + LoRA",
-                 "flexigpt": "FlexiGPT", "flexigpt_extend": "FlexiGPT extension"}
+METHOD_LABELS = {name: facts.label for name, facts in METHODS.items()}  # table order
 METHOD_ORDER = list(METHOD_LABELS)
 #: FlexiGPT variants that are Table 4 ablations (kept out of Table 1), in the paper's order.
 ABLATIONS = {"no_lowrank": "Ablate high-rank prune (no low-rank truncation)",
@@ -58,7 +57,7 @@ PAPER_NOTES = {
        "PPL on the MiniPile validation split.",
 }
 AVG_NOTE = ("† the paper's reported average is not the mean of its five task scores; the "
-            "recomputed mean is in the next column (method-flexigpt.md §5, Table 1 caveat).")
+            "recomputed mean is in the next column (docs/method-flexigpt.md §5 in the repository, Table 1 caveat).")
 _TASK_COLS = [TASK_HEADERS[t] for t in TASKS]
 #: metric column of the frame → displayed header (for the ± half-widths).
 METRIC_HEADERS = {"ppl": "PPL", **TASK_HEADERS, "avg": "Avg"}

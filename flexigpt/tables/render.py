@@ -28,6 +28,7 @@ FORMATS = {
     "int": lambda v: f"{int(v)}",
     "num": lambda v: f"{v:.2f}",
     "num0": lambda v: f"{v:.0f}",
+    "num1": lambda v: f"{v:.1f}",
     "num3": lambda v: f"{v:.3f}",
     "ppl": lambda v: f"{v:.2f}" if abs(v) < 1e4 else f"{v:.2e}",
     "pct0": lambda v: f"{v:.0f}%",

@@ -17,6 +17,7 @@ from flexigpt.tables.comparisons import Comparator, comparison_table
 from flexigpt.tables.collect import (Inputs, collect_results, collect_selections,
                                      collect_timings, discover, read_flexigpt_manifest,
                                      read_train_log)
+from flexigpt.tables.decode import collect_decodes
 from flexigpt.tables.published import load_published
 from flexigpt.tables.intervals import RecordStore, add_intervals
 from flexigpt.tables.render import html_page, to_markdown, write_table
@@ -96,6 +97,7 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     store = RecordStore(df)
     agg = add_intervals(build.aggregate(df), store) if not df.empty else pd.DataFrame()
     times = collect_timings(inputs.timings)
+    decodes = collect_decodes(inputs.timings)
     sel = collect_selections(inputs.selections)
     # Read every figure input before writing anything, so a bad file fails fast.
     logs = {_label(p, root): read_train_log(p) for p in inputs.train_logs}
@@ -111,7 +113,7 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     summary = []
     if models:
         comp = Comparator(store)
-        for table in (verdict_table(agg, pub, times, comp, models),
+        for table in (verdict_table(agg, pub, times, comp, models, decodes),
                       comparison_table(agg, comp, models)):
             if table is not None:
                 written += write_table(table, out, tuple(f for f in formats if f != "tex"))
@@ -125,7 +127,8 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
                 summary.append(table)
     for model in (list(dict.fromkeys(times["model"])) if not times.empty else []):
         for number in (6, 7):
-            table = timing.timing_table(times, pub, model, number, display=names.get(model))
+            table = timing.timing_table(times, pub, model, number, display=names.get(model),
+                                        decodes=decodes)
             if table is not None:
                 written += write_table(table, out, formats)
     sweep_models = list(dict.fromkeys(sel["model"])) if not sel.empty else []

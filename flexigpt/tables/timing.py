@@ -2,7 +2,8 @@
 
 Timing rows carry ``relative_time`` / ``relative_throughput`` as fractions of the
 reference (dense) model, 1.0 = same; they are shown in %, like the paper. Table 6 holds the
-pruning methods, Table 7 the extension; the dense reference row appears in both.
+pruning methods, Table 7 the extension; the dense reference row appears in both. Where the
+timing JSON measured decoding, a decoding block follows (:mod:`flexigpt.tables.decode`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pandas as pd
 
 from flexigpt.tables.build import (METHOD_LABELS, METHOD_ORDER, display_name, method_label,
                                    paper_title, reference_model, slug)
+from flexigpt.tables.decode import decode_block
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 
@@ -34,8 +36,10 @@ def _label(method: str, variant: str) -> str:
 
 
 def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: int,
-                 display: str | None = None) -> Table | None:
-    """Paper Table 6 (``number=6``) or 7 layout for one timed model; None without rows."""
+                 display: str | None = None,
+                 decodes: pd.DataFrame | None = None) -> Table | None:
+    """Paper Table 6 (``number=6``) or 7 layout for one timed model; None without rows.
+    ``decodes`` (:func:`flexigpt.tables.decode.collect_decodes`) adds the decoding block."""
     title = display_name(model, display)
     what, keep, fallback = SPECS[number]
     rows = timings[timings["model"].eq(model) & timings["method"].map(keep)]
@@ -65,6 +69,14 @@ def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: i
         csv_parts.append(g.assign(source="ours", relative_time=g["relative_time"] * 100,
                                   relative_throughput=g["relative_throughput"] * 100)
                          .join(pd.DataFrame(delta, dtype=float)))
+    dec = None
+    if decodes is not None and not decodes.empty:
+        mine = decodes[decodes["model"].eq(model) & decodes["method"].map(keep)]
+        mine = mine.reset_index(drop=True)
+        dec = decode_block(mine, f"Ours: {title}, decoding", _label)
+        if dec is not None:
+            blocks.append(dec)
+            csv_parts.append(mine.assign(source="ours-decode"))
     key, same = reference_model(model, pub, (number,), fallback)
     paper = pub[pub["table"].eq(number) & pub["model"].eq(key)].reset_index(drop=True)
     blocks.append(Block(paper_title(key, (number,), same), pd.DataFrame({
@@ -73,6 +85,7 @@ def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: i
         notes=["Paper: 1× A100; normalised to the unpruned/base model."]))
     ours = pd.concat(csv_parts, ignore_index=True)
     matched = ours[["delta_relative_time", "delta_relative_throughput"]].notna().any(axis=1)
+    matched &= ours["source"].eq("ours")
     if matched.any():
         hit = ours[matched]
         blocks.append(Block("Δ ours − paper (same setting, percentage points)", pd.DataFrame({

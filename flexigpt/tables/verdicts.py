@@ -236,10 +236,32 @@ def claim_g(times: pd.DataFrame, pub: pd.DataFrame, model: str) -> Iterator[dict
                    "to dense", "", paper, ours, None, "reported (single timing, no interval)")
 
 
+def claim_h(decodes: pd.DataFrame | None, model: str) -> Iterator[dict[str, Any]]:
+    """(h) self-speculative decoding is faster than plain FlexiGPT decoding (paper: 30.11 %
+    faster): reported from the decoding timings, never decided (no interval)."""
+    from flexigpt.tables.decode import PAPER_SPECULATIVE_FASTER
+
+    rows = (decodes[decodes["model"].eq(model) & decodes["mode"].eq("speculative")]
+            if decodes is not None and not decodes.empty else pd.DataFrame())
+    if rows.empty:
+        return
+    for _, d in rows.iterrows():
+        same = "identical" if d["identical"] else "NOT identical"
+        ours = (f"{100 * (d['speedup'] - 1):+.1f}% (speed-up {d['speedup']:.3f}, bound "
+                f"{d['bound']:.3f}; α {d['alpha']:.3f}, c {d['c']:.3f}, k {int(d['k'])}; "
+                f"greedy output {same})")
+        yield _row(f"(h) self-speculative decoding faster than plain "
+                   f"{method_label(d['method'], d['variant'])} decoding", "batch 1",
+                   f"+{PAPER_SPECULATIVE_FASTER:.2f}%", ours, None,
+                   "reported (single timing, no interval)")
+
+
 def verdict_table(agg: pd.DataFrame, pub: pd.DataFrame, times: pd.DataFrame,
-                  comp: Comparator, models: list[str]) -> Table | None:
+                  comp: Comparator, models: list[str],
+                  decodes: pd.DataFrame | None = None) -> Table | None:
     """``verdicts``: one block per model with results beyond the dense model (None: no
-    such model); CSV one row per claim row (+ model)."""
+    such model); CSV one row per claim row (+ model). ``decodes``: the decoding timings
+    (:func:`flexigpt.tables.decode.collect_decodes`) for claim (h)."""
     blocks, csv = [], []
     for model in models:
         mine = agg[agg["model"].eq(model)]
@@ -247,7 +269,8 @@ def verdict_table(agg: pd.DataFrame, pub: pd.DataFrame, times: pd.DataFrame,
             continue  # only the dense model: no claim to check
         rows = [*claims_ab(agg, pub, comp, model), *claim_c(agg, pub, comp, model),
                 *claim_d(agg, pub, comp, model), *claim_e(agg, pub, comp, model),
-                *claim_f(agg, pub, comp, model), *claim_g(times, pub, model)]
+                *claim_f(agg, pub, comp, model), *claim_g(times, pub, model),
+                *claim_h(decodes, model)]
         frame = pd.DataFrame(rows)
         csv.append(frame.assign(model=model))
         shown = frame[["Claim", "Setting", "Paper", "Ours", "Δ [95% CI]", "Verdict"]]
@@ -264,4 +287,4 @@ NOTE = ("Paper = Llama-2-7B (Tables 1, 4; Table 5: TinyLlama-1.1B), point values
         "by the interval alone: supported / contradicted when it excludes 0 on the claimed / "
         "other side, otherwise undecided at this budget. Counted claims: benchmarks = PPL + "
         "the five tasks, each won only if A beats every comparison run by its interval. "
-        "Timings (g) have no interval and are reported, not decided.")
+        "Timings (g, h) have no interval and are reported, not decided.")

@@ -5,9 +5,9 @@ open (``None``) from the input model's manifest (``info.recovery``, written by t
 that produced it) or from the method's registered default recipe, and records where each
 value came from.
 
-Keys read from ``manifest["info"]["recovery"]`` (all optional; baselines write them):
-``recipe``, ``lr``, ``gamma_lr``, ``lora_rank`` (or ``rank``), ``lora_alpha`` (or ``alpha``),
-``lora_dropout`` (or ``dropout``), ``lora_targets`` (or ``targets``).
+``manifest["info"]["recovery"]`` is a :class:`flexigpt.registry.RecoveryRecipe` (the method's
+recipe: ``recipe``, ``lr``, ``gamma_lr``, ``lora_rank``, ``lora_alpha``, ``lora_dropout``,
+``lora_targets``; all optional).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 RECIPES = ("flexigpt", "lora", "full", "none")
 
 #: Learning rate per recipe when neither the config nor the manifest gives one.
-#: flexigpt/lora: 4e-3, the paper's adapter-only LR (method-flexigpt.md §2);
+#: flexigpt/lora: 4e-3, the paper's adapter-only LR (docs/method-flexigpt.md §2);
 #: full: 1e-4, a conventional full fine-tuning LR for a pretrained LM (4e-3 would be
 #: destructive for all weights; the extension control uses it).
 DEFAULT_LR = {"flexigpt": 4e-3, "lora": 4e-3, "full": 1e-4, "none": 0.0}
@@ -222,23 +222,23 @@ def resolve_plan(cfg: TrainConfig, manifest: dict[str, Any]) -> TrainPlan:
         ValueError: the manifest names an unknown recipe, or ``lora_other_blocks`` is set
             for a recipe other than ``flexigpt``.
     """
-    from flexigpt.registry import get_method
+    from flexigpt.registry import RecoveryRecipe, get_method
 
-    recovery = (manifest.get("info") or {}).get("recovery") or {}
+    recovery = RecoveryRecipe.from_info(manifest.get("info")) or RecoveryRecipe(recipe=None)
     sources: dict[str, str] = {}
 
-    def pick(name: str, value: Any, keys: tuple[str, ...], default: Any) -> Any:
+    def pick(name: str, value: Any, default: Any) -> Any:
+        """The config's value, else the manifest recipe's field ``name``, else ``default``."""
         if value is not None:
             sources[name] = "config"
             return value
-        for key in keys:
-            if recovery.get(key) is not None:
-                sources[name] = "manifest"
-                return recovery[key]
+        if getattr(recovery, name) is not None:
+            sources[name] = "manifest"
+            return getattr(recovery, name)
         sources[name] = "default"
         return default
 
-    recipe = pick("recipe", cfg.recipe, ("recipe",), None)
+    recipe = pick("recipe", cfg.recipe, None)
     if recipe is None:
         recipe = get_method(manifest["method"]).recovery
         sources["recipe"] = "method"
@@ -247,13 +247,12 @@ def resolve_plan(cfg: TrainConfig, manifest: dict[str, Any]) -> TrainPlan:
                          f"{RECIPES}")
     if cfg.lora_other_blocks and recipe != "flexigpt":
         raise ValueError(f"lora_other_blocks applies to recipe 'flexigpt' only, not {recipe!r}")
-    lr = float(pick("lr", cfg.lr, ("lr",), DEFAULT_LR[recipe]))
-    gamma_lr = float(pick("gamma_lr", cfg.gamma_lr, ("gamma_lr",), lr))
-    rank = int(pick("lora_rank", cfg.lora_rank, ("lora_rank", "rank"), DEFAULT_LORA_RANK))
-    alpha = float(pick("lora_alpha", cfg.lora_alpha, ("lora_alpha", "alpha"),
-                       DEFAULT_LORA_ALPHA))
-    dropout = float(pick("lora_dropout", cfg.lora_dropout, ("lora_dropout", "dropout"), 0.0))
-    targets = pick("lora_targets", cfg.lora_targets, ("lora_targets", "targets"), None)
+    lr = float(pick("lr", cfg.lr, DEFAULT_LR[recipe]))
+    gamma_lr = float(pick("gamma_lr", cfg.gamma_lr, lr))
+    rank = int(pick("lora_rank", cfg.lora_rank, DEFAULT_LORA_RANK))
+    alpha = float(pick("lora_alpha", cfg.lora_alpha, DEFAULT_LORA_ALPHA))
+    dropout = float(pick("lora_dropout", cfg.lora_dropout, 0.0))
+    targets = pick("lora_targets", cfg.lora_targets, None)
     if rank < 1 or alpha <= 0 or not 0 <= dropout < 1:
         raise ValueError(f"invalid LoRA settings rank={rank}, alpha={alpha}, "
                          f"dropout={dropout} (sources {sources})")

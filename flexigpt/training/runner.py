@@ -15,9 +15,10 @@ import torch
 from flexigpt.artifacts import LoadedModel, atomic_directory, load_compressed, manifest_hash
 from flexigpt.artifacts import save_compressed
 from flexigpt.calibration import token_windows
+from flexigpt.manifest import new_manifest
 from flexigpt.params import count_parameters
 from flexigpt.perplexity import perplexity
-from flexigpt.provenance import code_version, provenance, setup_run
+from flexigpt.provenance import code_version, setup_run
 from flexigpt.training.checkpoint import TrainState, checkpoint_dir, fingerprint
 from flexigpt.training.checkpoint import remove_checkpoint
 from flexigpt.training.config import TrainConfig, resolve_plan
@@ -188,11 +189,9 @@ def rung_record(state: TrainState, cfg: TrainConfig, plan: dict[str, Any],
 def dense_manifest(model: torch.nn.Module, base: str | None, seed: int) -> dict[str, Any]:
     """Manifest for a plain HF checkpoint: the ``dense`` method, nothing removed."""
     n = count_parameters(model)
-    return {"method": "dense", "config": {}, "base_model": base, "structure": {}, "info": {},
-            "parameters": {"dense": n, "compressed": n, "achieved_ratio": 0.0},
-            "calibration": None, "seed": seed, "dtype": "float32",
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "history": [], **provenance()}
+    return new_manifest("dense", config={}, base_model=base, structure={}, info={},
+                        dense_params=n, compressed_params=n, calibration=None, seed=seed,
+                        dtype="float32")
 
 
 def _save(model: torch.nn.Module, tokenizer: Any, manifest: dict[str, Any],

@@ -5,7 +5,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from flexigpt.code_deps import rule_code_version
-from flexigpt.workflow import RunGrid
+from flexigpt.dag import PROMPT_TEXT, RunGrid
 
 validate(config, schema="../schemas/config.schema.yaml")
 # builds every run's method config and TrainConfigs, checks sizes and model paths: a bad
@@ -110,7 +110,9 @@ def select_meta(wildcards):
 
 
 def inference_inputs(wildcards):
-    return {name: run.final_dir() for name, run in GRID.inference_runs(wildcards.model).items()}
+    """The timed models (name -> final dir) and the held-out text the decode prompts come from."""
+    models = {name: run.final_dir() for name, run in GRID.inference_runs(wildcards.model).items()}
+    return {**models, PROMPT_TEXT: GRID.test_text}
 
 
 def figure_dirs():

@@ -1,4 +1,26 @@
 # Compression (every registered method) and extension: one rule, the method is a wildcard.
+# Block Influence is computed once per model and read by every method that ranks blocks.
+
+
+rule block_influence:
+    input:
+        unpack(model_input),
+        text=GRID.calibration_text,
+    output:
+        "results/{model}/block_influence.json",
+    params:
+        model=lambda wildcards: GRID.model_path(wildcards.model),
+        calibration=GRID.calibration,
+        code=code_of("block_influence"),
+    log:
+        "logs/{model}/block_influence.log",
+    benchmark:
+        "benchmarks/{model}/block_influence.tsv"
+    threads: JOB_THREADS
+    conda:
+        "../../environment.yml"
+    script:
+        "../scripts/block_influence.py"
 
 
 rule compress:

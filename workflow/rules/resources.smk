@@ -54,27 +54,6 @@ rule fetch_tiny_llama:
         "flexigpt fetch tiny-llama --text {input.text} --out {output} > {log} 2>&1"
 
 
-rule block_influence:
-    input:
-        unpack(model_input),
-        text=GRID.calibration_text,
-    output:
-        "results/{model}/block_influence.json",
-    params:
-        model=lambda wildcards: GRID.model_path(wildcards.model),
-        calibration=GRID.calibration,
-        code=code_of("block_influence"),
-    log:
-        "logs/{model}/block_influence.log",
-    benchmark:
-        "benchmarks/{model}/block_influence.tsv"
-    threads: JOB_THREADS
-    conda:
-        "../../environment.yml"
-    script:
-        "../scripts/block_influence.py"
-
-
 rule split_heldout:
     input:
         text=GRID.validation_text,

@@ -7,7 +7,7 @@ from flexigpt.block_influence import block_influence
 from flexigpt.calibration import token_windows
 from flexigpt.models import load_model
 from flexigpt.provenance import setup_run
-from flexigpt.workflow import script_logging
+from flexigpt.dag import script_logging
 
 log = script_logging(snakemake.log[0], snakemake.threads)
 cal = snakemake.params.calibration

@@ -5,7 +5,7 @@ import json
 
 from flexigpt.api import compress
 from flexigpt.registry import get_method
-from flexigpt.workflow import script_logging
+from flexigpt.dag import script_logging
 
 log = script_logging(snakemake.log[0], snakemake.threads)
 run = snakemake.params.run

@@ -1,7 +1,7 @@
 """Perplexity (+ zero-shot tasks at stage final) of one model into one result JSON."""
 
 from flexigpt.evaluation import evaluate_model
-from flexigpt.workflow import script_logging
+from flexigpt.dag import script_logging
 
 script_logging(snakemake.log[0], snakemake.threads)
 ev = dict(snakemake.params.evaluation)

@@ -1,7 +1,7 @@
 """A text file from a hub dataset (paper setting: MiniPile, SlimPajama)."""
 
-from flexigpt.hub_text import build_hub_text
-from flexigpt.workflow import script_logging
+from flexigpt.resources.hub_text import build_hub_text
+from flexigpt.dag import script_logging
 
 script_logging(snakemake.log[0])
 source = snakemake.params.source

@@ -1,7 +1,10 @@
 """Relative inference time and throughput of the models of Tables 6/7, in one process."""
 
 from flexigpt.evaluation.inference import run_inference_cost
-from flexigpt.workflow import script_logging
+from flexigpt.dag import PROMPT_TEXT, script_logging
 
 script_logging(snakemake.log[0], snakemake.threads)
-run_inference_cost(dict(snakemake.input.items()), snakemake.output[0], **snakemake.params.inference)
+inputs = dict(snakemake.input.items())
+prompt_text = inputs.pop(PROMPT_TEXT)
+run_inference_cost(inputs, snakemake.output[0], prompt_text=prompt_text,
+                   **snakemake.params.inference)

@@ -1,7 +1,7 @@
 """Split the held-out text by document into the tuning and the perplexity-test split."""
 
 from flexigpt.calibration import split_heldout
-from flexigpt.workflow import script_logging
+from flexigpt.dag import script_logging
 
 log = script_logging(snakemake.log[0])
 counts = split_heldout(snakemake.input.text, snakemake.output.tune, snakemake.output.test)

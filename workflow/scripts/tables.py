@@ -9,7 +9,7 @@ Params read from the rule (only ``figures`` is required):
 """
 
 from flexigpt.tables import build_all
-from flexigpt.workflow import script_logging
+from flexigpt.dag import script_logging
 
 log = script_logging(snakemake.log[0])
 params = snakemake.params

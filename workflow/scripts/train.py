@@ -4,7 +4,7 @@ resumes from the trials' checkpoints after a kill)."""
 
 from flexigpt.training import TrainConfig
 from flexigpt.training.tuning import budget_of, chosen_rates, run_sweep
-from flexigpt.workflow import script_logging
+from flexigpt.dag import script_logging
 
 log = script_logging(snakemake.log[0], snakemake.threads)
 shared = {}

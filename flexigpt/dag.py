@@ -25,8 +25,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from flexigpt.registry import METHODS, methods_with
+
 #: methods whose configs accept precomputed Block Influence scores (computed once per model).
-BI_METHODS = ("flexigpt", "shortgpt", "shortgpt_lora")
+BI_METHODS = methods_with("block_influence")
 #: offline resource builders → the checkpoint folder they produce.
 RESOURCE_MODELS = {"smollm2": "resources/models/smollm2-135m",
                    "tiny-llama": "resources/models/tiny-llama"}
@@ -34,6 +36,8 @@ RESOURCE_MODELS = {"smollm2": "resources/models/smollm2-135m",
 TABLES = ("dense", "main", "paper_protocol", "kd", "ablation", "extension")
 #: learning-rate keys a tuning grid may sweep, per trainer recipe.
 GRID_KEYS = {"flexigpt": ("lr", "gamma_lr"), "lora": ("lr",), "full": ("lr",)}
+#: name of the inference_cost rule's prompt-text input (every other input is a timed model)
+PROMPT_TEXT = "prompt_text"
 
 Key = tuple[str, str, str, str]
 
@@ -78,7 +82,7 @@ class Run:
 
     @property
     def needs_calibration(self) -> bool:
-        return self.method not in ("dense", "flexigpt_extend")
+        return METHODS[self.method].calibration
 
     @property
     def uses_block_influence(self) -> bool:
@@ -459,16 +463,18 @@ class RunGrid:
                 "selections": [f"{run.trained_dir}/selection.json" for run in trained]}
 
     def inference_runs(self, model: str) -> dict[str, Run]:
-        """Models timed together for Tables 6/7: dense, ShortGPT and FlexiGPT at the first
-        ratio, and the extensions (each only if present in the grid)."""
+        """Models timed together for Tables 6/7: every ``timed`` method of the registry
+        (dense, ShortGPT, FlexiGPT, the extensions) present in the grid, those with ratios at
+        their lowest ratio."""
         out: dict[str, Run] = {}
+        timed = methods_with("timed")
         for run in self.runs.values():
-            if run.model != model or run.variant not in ("default", "block", "sequential"):
+            if (run.model != model or run.method not in timed
+                    or run.variant not in ("default", "block", "sequential")):
                 continue
-            if run.method == "dense" or run.method == "flexigpt_extend" or (
-                    run.method in ("shortgpt", "flexigpt") and run.ratio == min(
-                        r.ratio for r in self.runs.values() if r.method == run.method
-                        and r.ratio is not None and r.variant == "default")):
+            if run.ratio is None or run.ratio == min(
+                    r.ratio for r in self.runs.values() if r.method == run.method
+                    and r.ratio is not None and r.variant == "default"):
                 out[f"{run.method}/{run.variant}/{run.setting}"] = run
         return dict(sorted(out.items(), key=lambda kv: kv[0] != "dense/default/full"))
 
@@ -535,4 +541,4 @@ def script_logging(log_path: str | Path, threads: int | None = None) -> logging.
         import torch
 
         torch.set_num_threads(int(threads))
-    return logging.getLogger("flexigpt.workflow")
+    return logging.getLogger("flexigpt.dag")

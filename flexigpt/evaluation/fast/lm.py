@@ -45,8 +45,8 @@ from lm_eval.models.huggingface import HFLM
 from torch import nn
 from tqdm.auto import tqdm
 
-from flexigpt.evaluation.cpu_malloc import keep_heap_for_reuse
-from flexigpt.evaluation.packing import (
+from flexigpt.evaluation.fast.cpu_malloc import keep_heap_for_reuse
+from flexigpt.evaluation.fast.packing import (
     PackedRow,
     WorkCounts,
     batch_rows,
@@ -56,8 +56,8 @@ from flexigpt.evaluation.packing import (
     pack_requests,
     plan_work,
 )
-from flexigpt.evaluation.scoring import score_rows
-from flexigpt.evaluation.tree_attention import tree_attention
+from flexigpt.evaluation.fast.scoring import score_rows
+from flexigpt.evaluation.fast.tree_attention import tree_attention
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from torch import nn
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from flexigpt.evaluation.packing import Bucket, TreeLayout
+from flexigpt.evaluation.fast.packing import Bucket, TreeLayout
 
 ATTENTION_NAME = "flexigpt_tree"
 
