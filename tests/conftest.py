@@ -67,6 +67,18 @@ def make_model(family: str = "llama", layers: int = 4, hidden: int = 64, heads: 
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
+def perturb_adapters(model, scale: float = 0.05, seed: int = 0) -> None:
+    """Make every FlexiGPT adapter non-trivial: LoRA factors += scale·N(0, 1), γ = 0.5 (so a
+    self-speculative draft differs from the full model and some drafts are rejected)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.rsplit(".", 1)[-1] in ("lora_A", "lora_B"):
+                p.add_(scale * torch.randn(p.shape, generator=g))
+            elif n.endswith("gamma"):
+                p.fill_(0.5)
+
+
 @pytest.fixture
 def single_thread():
     """One torch thread for the test (modules opt in with ``pytest.mark.usefixtures``): tiny

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_model
+from conftest import make_model, perturb_adapters
 from flexigpt.artifacts import LoadedModel, save_compressed
 from flexigpt.cli import main as cli_main
 from flexigpt.generation import (Generator, build_draft, draft_extra_bytes, generate,
@@ -33,14 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _perturb(model, scale: float = 0.05, seed: int = 0) -> None:
-    """Make every adapter non-trivial (draft ≠ full model, so some drafts are rejected)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.rsplit(".", 1)[-1] in ("lora_A", "lora_B"):
-                p.add_(scale * torch.randn(p.shape, generator=g))
-            elif n.endswith("gamma"):
-                p.fill_(0.5)
+    perturb_adapters(model, scale, seed)
 
 
 def flexi(layers: int = 6, family: str = "llama") -> tuple[torch.nn.Module, dict]:

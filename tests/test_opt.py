@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import perturb_adapters
 from flexigpt.artifacts import LoadedModel, load_compressed, save_compressed
 from flexigpt.generation import Generator
 from flexigpt.methods.extend import ExtendConfig
@@ -36,13 +37,7 @@ def make_opt(layers: int = 6, seed: int = 0):
 
 
 def _perturb(model, scale: float = 0.05) -> None:
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.rsplit(".", 1)[-1] in ("lora_A", "lora_B"):
-                p.add_(scale * torch.randn(p.shape, generator=g))
-            elif n.endswith("gamma"):
-                p.fill_(0.5)
+    perturb_adapters(model, scale, seed=1)
 
 
 def test_adapter_roles():
