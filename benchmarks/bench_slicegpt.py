@@ -23,12 +23,10 @@ import argparse
 import gc
 import json
 import logging
-import os
 import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,44 +36,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from flexigpt.generation.measure import PeakRSS  # noqa: E402
 from flexigpt.params import count_parameters  # noqa: E402
 
 log = logging.getLogger("bench_slicegpt")
 
 
-def _rss_mib() -> float:
-    """Current resident set size of this process (MiB)."""
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def _peak_mib() -> float:
     """Lifetime peak RSS of this process (MiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class RssSampler:
-    """Peak RSS over a ``with`` block, sampled every ``interval`` s from /proc (MiB)."""
-
-    def __init__(self, interval: float = 0.02) -> None:
-        self.interval, self.peak = interval, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss_mib())
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> RssSampler:
-        self.peak = _rss_mib()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_mib())
 
 
 def one_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,16 +59,16 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     gc.collect()
     cfg = METHOD.make_config(ratio=args.ratio, head=args.head, batch_size=args.batch_size)
     start, cpu = time.perf_counter(), time.process_time()
-    with torch.no_grad(), RssSampler() as rss:
-        before = rss.peak
+    with torch.no_grad(), PeakRSS(interval=0.02) as rss:
         result = METHOD.compress(model, tok, windows, cfg)
+    before, peak = rss.start / 2**20, rss.peak / 2**20
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     buffer_mib = windows.numel() * model.config.hidden_size * 4 / 2**20
     return {"n_calibration": args.n[0], "seq_len": args.seq_len, "threads": args.threads,
             "slice_seconds": round(seconds, 1), "slice_cpu_seconds": round(cpu, 1),
             "rss_before_slicing_mib": round(before, 1),
-            "peak_rss_during_slicing_mib": round(rss.peak, 1),
-            "slicing_rss_increase_mib": round(rss.peak - before, 1),
+            "peak_rss_during_slicing_mib": round(peak, 1),
+            "slicing_rss_increase_mib": round(peak - before, 1),
             "process_lifetime_peak_rss_mib": round(_peak_mib(), 1),
             "model_fp32_mib": round(weights_mib, 1), "activation_buffer_mib": round(buffer_mib, 1),
             # the official loop holds layer inputs, MLP-norm inputs and outputs at once (§2.6)
