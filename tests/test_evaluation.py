@@ -111,6 +111,18 @@ def test_local_tasks_render_exactly_like_builtin(bench_dir, monkeypatch):
     assert len(seen) == len(SPLITS)
 
 
+def test_scoped_task_index_matches_lm_evals_full_index():
+    """The manager over the supported tasks' folders finds each task at the YAML path that
+    ``TaskManager()`` (every built-in task, ~16 s) registers, and loads the same config."""
+    from lm_eval.tasks import TaskManager
+
+    assert set(T.BUILTIN_FOLDER) == set(T.HEADLINE_METRIC)
+    full, scoped = TaskManager().task_index, T.task_manager().task_index
+    for name in T.HEADLINE_METRIC:
+        assert scoped[name].yaml_path == full[name].yaml_path, name
+        assert T.builtin_config(name) == T._load_yaml(full[name].yaml_path)
+
+
 def test_limit_is_first_n_docs(bench_dir):
     task = T.build_task(T.local_config("piqa", bench_dir))
     task.set_config(key="num_fewshot", value=0)

@@ -37,6 +37,7 @@ rule compress:
     benchmark:
         "benchmarks/{model}/{method}/{variant}/{setting}/compress.tsv"
     threads: JOB_THREADS
+    priority: 1  # feeds the trainings (train.smk)
     resources:
         mem_mb=8000,
         gpu=JOB_GPU,
