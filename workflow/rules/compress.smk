@@ -18,7 +18,7 @@ rule block_influence:
         "benchmarks/{model}/block_influence.tsv"
     threads: JOB_THREADS
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     script:
         "../scripts/block_influence.py"
 
@@ -37,11 +37,10 @@ rule compress:
     benchmark:
         "benchmarks/{model}/{method}/{variant}/{setting}/compress.tsv"
     threads: JOB_THREADS
-    priority: 1  # feeds the trainings (train.smk)
     resources:
         mem_mb=8000,
         gpu=JOB_GPU,
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     script:
         "../scripts/compress.py"

@@ -20,13 +20,10 @@ rule train:
     benchmark:
         "benchmarks/{model}/{method}/{variant}/{setting}/train.tsv"
     threads: JOB_THREADS
-    # trainings are the long jobs: start each as soon as it can run, evaluations fill the
-    # gaps (otherwise a late training leaves a core idle at the end of the DAG)
-    priority: 2
     resources:
         mem_mb=12000,
         gpu=JOB_GPU,
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     script:
         "../scripts/train.py"
