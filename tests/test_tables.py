@@ -99,6 +99,36 @@ def test_table1_values_bold_and_seed_mean(built) -> None:
     assert r"\textbf{22.52}" in tex and r"30\%" in tex and r"$^\dagger$" in tex
 
 
+@pytest.mark.parametrize("model,table,label", [("llama-3-8b", 2, "Llama-3-8B"),
+                                               ("opt-1.3b", 3, "OPT-1.3B")])
+def test_paper_tables_2_and_3_from_runs_of_their_models(tmp_path, model, table, label) -> None:
+    """A run of the paper's Llama-3-8B (Table 2) or OPT (Table 3) gets that table's rows
+    beside its own, and deltas where the setting matches (OPT: PPL only in the paper)."""
+    tree = tmp_path / "eval" / model
+    tree.mkdir(parents=True)
+    for f in (FIXTURES / "eval" / "llama-2-7b").glob("*.json"):
+        data = json.loads(f.read_text())
+        data["labels"]["model"] = model
+        data["model_dir"] = data["model_dir"].replace("llama-2-7b", model)
+        (tree / f.name).write_text(json.dumps(data))
+    out = tmp_path / "tables"
+    build_all(tmp_path, out)
+    md = (out / f"table1_{model}.md").read_text()
+    assert f"### Paper ({label}): FlexiGPT NAACL 2025, Table {table}\n" in md
+    assert "for reference only" not in md
+    csv = pd.read_csv(out / f"table1_{model}.csv")
+    ours = csv[csv["source"].eq("ours")].set_index("method")
+    paper = csv[csv["source"].eq("paper")]
+    assert set(paper["citation"]) == {f"FlexiGPT NAACL 2025, Table {table}"}
+    flexi = paper[paper["method"].eq("flexigpt") & paper["ratio"].eq(0.3)].iloc[0]
+    assert ours.loc["flexigpt", "delta_ppl"] == pytest.approx(6.60 - flexi["ppl"])
+    dense = paper[paper["method"].eq("dense")].iloc[0]
+    assert ours.loc["dense", "delta_ppl"] == pytest.approx(5.20 - dense["ppl"])
+    if table == 3:  # the paper's OPT table has no task scores: no task deltas
+        assert ours["delta_arc_easy"].isna().all()
+        assert paper["label"].str.contains("ShortGPT + FT").any()
+
+
 def test_deltas_only_for_the_same_setting(built) -> None:
     out, _ = built
     csv = pd.read_csv(out / "table1_llama-2-7b.csv")
