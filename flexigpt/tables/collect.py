@@ -151,6 +151,11 @@ def _need(path: Path, obj: Any, key: str, types: type | tuple[type, ...], where:
 _NUM = (int, float)
 
 
+def need_number(path: Path, obj: Any, key: str, where: str = "") -> float:
+    """``obj[key]`` as a float: required, a finite number (not a bool)."""
+    return float(_need(path, obj, key, _NUM, where))
+
+
 def classify(method: str, variant: str) -> str:
     """The table of a row without ``labels.table`` (the rules before that label existed)."""
     if method == "dense":

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.tables.collect import ResultFileError, read_json
+from flexigpt.tables.collect import ResultFileError, need_number, read_json
 from flexigpt.tables.render import Block
 
 #: the paper's claim: self-speculative decoding is 30.11 % faster than plain FlexiGPT decoding
@@ -24,14 +24,6 @@ PAPER_SPECULATIVE_FASTER = 30.11
 KINDS = {"Ratio": "pct0", "Prefill ms": "num1", "ms/token": "num", "Tokens/s b1": "num1",
          "Tokens/s bB": "num1", "Norm. time": "pct1", "Peak Δ MB": "num0", "α": "num3",
          "Speed-up": "num3", "Bound": "num3"}
-
-
-def _num(path: Path, obj: dict[str, Any], key: str, where: str) -> float:
-    value = obj.get(key) if isinstance(obj, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value):
-        raise ResultFileError(path, f"{where}{key!r} must be a finite number, got {value!r}")
-    return float(value)
 
 
 def parse_decode(path: str | Path) -> pd.DataFrame:
@@ -52,21 +44,23 @@ def parse_decode(path: str | Path) -> pd.DataFrame:
         b1, bb = e.get("batch1") or {}, e.get("batched") or {}
         name = {**head, "method": e.get("method"), "variant": e.get("variant"),
                 "ratio": e.get("ratio")}
+        at1, atb = where + "batch1.", where + "batched."
         rows.append({**name, "mode": "plain",
-                     "prefill_ms": _num(path, e, "prefill_ms", where),
-                     "per_token_ms": _num(path, b1, "per_token_ms", where + "batch1."),
-                     "tokens_per_s_b1": _num(path, b1, "tokens_per_s", where + "batch1."),
-                     "tokens_per_s_bb": _num(path, bb, "tokens_per_s", where + "batched."),
-                     "peak_delta_mb": _num(path, b1, "peak_rss_delta_mb", where + "batch1.")})
+                     "prefill_ms": need_number(path, e, "prefill_ms", where),
+                     "per_token_ms": need_number(path, b1, "per_token_ms", at1),
+                     "tokens_per_s_b1": need_number(path, b1, "tokens_per_s", at1),
+                     "tokens_per_s_bb": need_number(path, bb, "tokens_per_s", atb),
+                     "peak_delta_mb": need_number(path, b1, "peak_rss_delta_mb", at1)})
         spec = e.get("speculative")
         for k, s in (spec or {}).get("by_k", {}).items():
             at = f"{where}speculative.by_k[{k}]."
             rows.append({**name, "mode": "speculative", "k": int(k),
-                         "tokens_per_s_b1": _num(path, s, "tokens_per_s", at),
-                         "peak_delta_mb": _num(path, s, "peak_rss_delta_mb", at),
-                         "alpha": _num(path, s, "alpha", at), "c": _num(path, spec, "c", where),
-                         "speedup": _num(path, s, "speedup", at),
-                         "bound": _num(path, s, "bound", at),
+                         "tokens_per_s_b1": need_number(path, s, "tokens_per_s", at),
+                         "peak_delta_mb": need_number(path, s, "peak_rss_delta_mb", at),
+                         "alpha": need_number(path, s, "alpha", at),
+                         "c": need_number(path, spec, "c", where),
+                         "speedup": need_number(path, s, "speedup", at),
+                         "bound": need_number(path, s, "bound", at),
                          "identical": bool(s.get("identical"))})
     if not rows:
         raise ResultFileError(path, "'decode.rows' is empty")

@@ -19,7 +19,7 @@ rule evaluate:
         mem_mb=8000,
         gpu=JOB_GPU,
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     script:
         "../scripts/evaluate.py"
 
@@ -39,6 +39,6 @@ rule inference_cost:
     resources:
         gpu=JOB_GPU,
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     script:
         "../scripts/inference.py"

@@ -23,6 +23,6 @@ rule tables:
     log:
         f"logs/{config['model']['key']}/tables.log",
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     script:
         "../scripts/tables.py"

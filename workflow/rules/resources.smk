@@ -10,7 +10,7 @@ rule fetch_wiki_text:
     log:
         "logs/resources/wiki_text.log",
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     shell:
         "flexigpt fetch wiki --out {params.out_dir} > {log} 2>&1"
 
@@ -21,7 +21,7 @@ rule fetch_benchmarks:
     log:
         "logs/resources/benchmarks.log",
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     shell:
         "flexigpt fetch benchmarks --out {output} > {log} 2>&1"
 
@@ -36,7 +36,7 @@ rule fetch_smollm2:
     resources:
         mem_mb=4000,
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     shell:
         "flexigpt fetch smollm2 --out {output} > {log} 2>&1"
 
@@ -49,7 +49,7 @@ rule fetch_tiny_llama:
     log:
         "logs/resources/tiny-llama.log",
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     shell:
         "flexigpt fetch tiny-llama --text {input.text} --out {output} > {log} 2>&1"
 
@@ -63,7 +63,7 @@ rule split_heldout:
     log:
         "logs/resources/split_heldout.log",
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     script:
         "../scripts/split_text.py"
 
@@ -79,6 +79,6 @@ rule fetch_hub_text:
     log:
         "logs/resources/text_{name}_{split}.log",
     conda:
-        "../../environment.yml"
+        "../envs/flexigpt.yaml"
     script:
         "../scripts/hub_text.py"

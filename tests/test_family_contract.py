@@ -1,0 +1,60 @@
+"""Every registered method × every model family the adapters know: the method either
+compresses a tiny model of that family into a working model, or — exactly where its
+registered facts (``MethodFacts.families``) leave the family out — refuses it with an error
+naming the method and the family. A new family or method is covered without editing here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_model
+from flexigpt.models import UnsupportedArchitectureError, get_adapter
+from flexigpt.models.adapters import ADAPTERS
+from flexigpt.registry import METHODS, get_method
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+CALIB = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
+#: the smallest options under which each method changes a 6-block model
+OPTIONS = {"dense": {}, "shortgpt": {"ratio": 0.3}, "shortgpt_lora": {"ratio": 0.3},
+           "slicegpt": {"ratio": 0.3}, "llm_pruner": {"ratio": 0.3},
+           "flexigpt": {"ratio": 0.3, "rank": 4}, "flexigpt_extend": {"layers": 8, "rank": 4}}
+
+
+def tiny(model_type: str):
+    """A 6-block random model of ``model_type``."""
+    if model_type == "opt":
+        from transformers import OPTConfig, OPTForCausalLM
+
+        torch.manual_seed(0)
+        return OPTForCausalLM(OPTConfig(
+            vocab_size=300, hidden_size=64, num_hidden_layers=6, ffn_dim=128,
+            num_attention_heads=4, max_position_embeddings=512, word_embed_proj_dim=64,
+            do_layer_norm_before=True, dropout=0.0, attention_dropout=0.0, bos_token_id=0,
+            eos_token_id=1, pad_token_id=2, tie_word_embeddings=True)).eval()
+    model = make_model(model_type, layers=6)
+    assert model.config.model_type == model_type
+    return model
+
+
+def test_every_method_has_options_here():
+    assert set(OPTIONS) == set(METHODS)
+
+
+@pytest.mark.parametrize("model_type", sorted(ADAPTERS))
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_method_supports_or_refuses_each_family(name, model_type):
+    method = get_method(name)
+    model = tiny(model_type)
+    family = get_adapter(model).family
+    cfg = method.make_config(**OPTIONS[name])
+    if family not in METHODS[name].families:
+        with pytest.raises(UnsupportedArchitectureError, match=rf"{name}.*'{family}' family"):
+            method.compress(model, None, CALIB, cfg)
+        return
+    with torch.no_grad():
+        result = method.compress(model, None, CALIB, cfg)
+        logits = result.model(CALIB[:1]).logits
+    assert logits.shape == (1, CALIB.shape[1], 300) and torch.isfinite(logits).all()
+    assert get_adapter(result.model).family == family
