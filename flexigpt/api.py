@@ -13,6 +13,7 @@ import torch
 from flexigpt import faults
 from flexigpt.artifacts import check_output, save_compressed
 from flexigpt.calibration import token_windows
+from flexigpt.devices import model_device
 from flexigpt.manifest import new_manifest
 from flexigpt.models.loading import load_model
 from flexigpt.params import count_parameters
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
              options: dict[str, Any] | None = None, calibration: str | None = None,
              n_calibration: int = 128, calibration_seq_len: int = 512, seed: int = 0,
-             dtype: str = "float32", force: bool | None = None) -> dict[str, Any]:
+             dtype: str = "float32", force: bool | None = None,
+             device: str = "cpu") -> dict[str, Any]:
     """Load ``model_spec``, compress it with ``method`` and save to ``out_dir``.
 
     Args:
@@ -38,6 +40,9 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         calibration_seq_len: window length T in tokens.
         seed: seed for every RNG and for the window sample.
         dtype: dtype the dense model is loaded in.
+        device: where the model is loaded and compressed (:mod:`flexigpt.devices`; every
+            calibration forward, SVD, PCA and importance pass runs there); recorded in the
+            manifest. The saved weights are the same files on any device.
         force: replace an existing ``out_dir`` that is not a saved model (default: the
             :func:`flexigpt.artifacts.force_outputs` setting, off).
 
@@ -55,7 +60,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         raise ValueError(f"method {method!r} needs a calibration text file (--calibration)")
     check_output(out_dir, "model", force)  # refuse before loading anything
     setup_run(seed)
-    model, tokenizer = load_model(model_spec, dtype=dtype)
+    model, tokenizer = load_model(model_spec, dtype=dtype, device=device)
     spec.check_family(model)
     if method == "flexigpt":
         from flexigpt.methods.surgery import check_flexigpt_rank
@@ -80,7 +85,8 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         calibration=None if calib is None else {
             "file": str(calibration), "n_windows": int(calib.shape[0]),
             "seq_len": int(calib.shape[1]), "sample_seed": seed},
-        seed=seed, dtype=dtype, compress_seconds=round(seconds, 3))
+        seed=seed, dtype=dtype, compress_seconds=round(seconds, 3),
+        device=str(model_device(model)))
     return save_compressed(result.model, tokenizer, manifest, out_dir, force=force)
 
 

@@ -563,7 +563,7 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
         model_dir: a harness output directory (with ``manifest.json``) or a plain HF
             checkpoint directory / hub id (loaded with ``load_model``; manifest None).
         dtype: dtype of the returned weights.
-        device: device of the returned weights.
+        device: where the weights go, a :mod:`flexigpt.devices` setting.
         verify: check the sha256 of the weights and the other recorded files, the
             structure in config.json and the weights' sharing against the manifest.
 
@@ -575,10 +575,12 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
     from safetensors.torch import load_model as st_load_model
     from transformers import AutoTokenizer
 
+    from flexigpt import devices
     from flexigpt.export.checkpoint import family_config
     from flexigpt.models.loading import load_model, parse_dtype
     from flexigpt.registry import get_method
 
+    device = devices.resolve_device(device)  # a bad setting fails before any reading
     model_dir = Path(model_dir)
     if not (model_dir / MANIFEST).is_file():
         model, tok = load_model(str(model_dir), dtype=dtype, device=device, verify=verify)

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from flexigpt.devices import check_device
 from flexigpt.registry import METHODS, methods_with
 
 #: methods whose configs accept precomputed Block Influence scores (computed once per model).
@@ -70,6 +71,7 @@ class Run:
     calibration: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     dtype: str = "float32"
+    device: str = "auto"  # where every job of the run computes (flexigpt.devices)
     label_variant: str | None = None  # a seed replicate's base variant (labels, tables)
 
     @property
@@ -140,7 +142,7 @@ class Run:
         if self.ratio is not None:
             options["ratio"] = self.ratio
         return {"method": self.method, "options": options, "seed": self.seed,
-                "dtype": self.dtype, **self.calibration}
+                "dtype": self.dtype, "device": self.device, **self.calibration}
 
     def labels(self, stage: str) -> dict[str, Any]:
         return {"model": self.model, "method": self.method,
@@ -255,6 +257,7 @@ class RunGrid:
         data = config["data"]
         seed = int(config.get("seed", 0))
         dtype = model.get("dtype", "float32")
+        device = check_device(config.get("device", "auto"))
         calib = {"n_calibration": config["calibration"].get("n_windows", 128),
                  "seq_len": config["calibration"].get("seq_len", 512)}
         key = model["key"]
@@ -268,7 +271,7 @@ class RunGrid:
         if data.get("task_source", "local") == "local" and not data.get("benchmarks"):
             raise ValueError("data.benchmarks is required when data.task_source is 'local'")
         runs: dict[Key, Run] = {}
-        common = {"calibration": calib, "seed": seed, "dtype": dtype}
+        common = {"calibration": calib, "seed": seed, "dtype": dtype, "device": device}
 
         def add(run: Run) -> None:
             runs[run.key] = run
@@ -378,8 +381,9 @@ class RunGrid:
                    benchmarks=data.get("benchmarks"),
                    task_source=data.get("task_source", "local"),
                    training=dict(config["training"]), evaluation=dict(config["evaluation"]),
-                   inference=dict(config.get("inference") or {}),
-                   calibration={**calib, "seed": seed, "dtype": dtype}, seed=seed,
+                   inference={**(config.get("inference") or {}), "device": device},
+                   calibration={**calib, "seed": seed, "dtype": dtype, "device": device},
+                   seed=seed,
                    hub_text=dict(data.get("hub_text") or {}),
                    tuning=dict(config.get("tuning") or {}))
         grid.check_references()
@@ -511,6 +515,7 @@ class RunGrid:
         if run.tokens is not None:
             cfg["tokens"] = run.tokens
         cfg["seed"] = run.seed
+        cfg["device"] = run.device
         if run.recipe is not None:
             cfg["recipe"] = run.recipe
         cfg.update(run.training)
@@ -527,7 +532,7 @@ class RunGrid:
                 "limit": ev.get("limit"), "source": self.task_source,
                 "ppl_seq_len": ev.get("ppl_seq_len", 512), "ppl_windows": ev.get("ppl_windows"),
                 "backend": ev.get("backend", "fast"), "batch_size": ev.get("batch_size", 16),
-                "dtype": run.dtype, "autocast_dtype": ev.get("autocast"),
+                "dtype": run.dtype, "device": run.device, "autocast_dtype": ev.get("autocast"),
                 "labels": run.labels(stage)}
 
 

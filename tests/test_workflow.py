@@ -16,7 +16,8 @@ from flexigpt.dag import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-CONFIGS = ["config/config.yaml", "config/smoke.yaml", "config/paper.yaml"]
+CONFIGS = ["config/config.yaml", "config/smoke.yaml", "config/paper.yaml",
+           "config/paper-llama3.yaml", "config/paper-opt.yaml"]
 
 
 def snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -40,6 +41,24 @@ def test_dry_run(config, tmp_path):
     out = snakemake("-n", "--cores", "2", "--configfile", str(ROOT / config), cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "rule tables" in out.stdout
+
+
+def test_job_conda_env_pins_match_environment_yml():
+    """The per-job env (--use-conda) has environment.yml's pins and no path entry (Snakemake
+    runs conda from .snakemake/conda/, where `-e .` would name the wrong folder); every rule
+    uses it, and the Snakefile puts the checkout on the jobs' PYTHONPATH instead."""
+    user = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    jobs = yaml.safe_load((ROOT / "workflow/envs/flexigpt.yaml").read_text())["dependencies"]
+    pip_user, pip_jobs = (next(d["pip"] for d in deps if isinstance(d, dict))
+                          for deps in (user, jobs))
+    assert "-e ." in pip_user and pip_jobs == [p for p in pip_user if p != "-e ."]
+    assert [d for d in user if not isinstance(d, dict)] == \
+        [d for d in jobs if not isinstance(d, dict)]
+    for rules in (ROOT / "workflow/rules").glob("*.smk"):
+        text = rules.read_text()
+        assert "environment.yml" not in text, rules.name
+        assert text.count("conda:") == text.count('"../envs/flexigpt.yaml"'), rules.name
+    assert 'os.environ["PYTHONPATH"]' in (ROOT / "Snakefile").read_text()
 
 
 def test_schema_methods_match_registry():

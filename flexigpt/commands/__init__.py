@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+
+
+def add_device_argument(p: argparse.ArgumentParser) -> None:
+    """``--device`` (every command that runs a model): a :mod:`flexigpt.devices` setting."""
+    from flexigpt.devices import DEVICE_SPEC, check_device
+
+    p.add_argument("--device", default="auto", type=check_device,
+                   help=f"{DEVICE_SPEC} (default auto: CUDA where available, else CPU)")
 
 
 def parse_key_values(pairs: list[str], flag: str) -> dict[str, object]:

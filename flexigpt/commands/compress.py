@@ -29,6 +29,7 @@ class _RatioHelp(str):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from flexigpt.commands import add_device_argument
     from flexigpt.registry import METHODS
 
     p.add_argument("--method", required=True, choices=sorted(METHODS))
@@ -40,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=512, help="calibration window length T")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32")
+    add_device_argument(p)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="any method option (JSON value), e.g. --option rank=32 "
                         "--option policy='\"matched\"'; repeatable")
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = compress(args.method, args.model, args.out, options=options,
                         calibration=args.calibration, n_calibration=args.n_calibration,
                         calibration_seq_len=args.seq_len, seed=args.seed, dtype=args.dtype,
-                        force=args.force)
+                        force=args.force, device=args.device)
     p = manifest["parameters"]
     print(f"{args.method}: {p['compressed']:,} / {p['dense']:,} parameters "
           f"(achieved ratio {p['achieved_ratio']:.4f}) -> {args.out}")

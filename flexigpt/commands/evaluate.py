@@ -8,6 +8,7 @@ HELP = "evaluate a saved model (perplexity + zero-shot tasks) into one result JS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from flexigpt.commands import add_device_argument
     from flexigpt.evaluation.tasks import PAPER_TASKS
 
     p.add_argument("--model", required=True, help="model dir (any method's output, a plain "
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="fast backend: bf16 autocast")
     p.add_argument("--add-bos-token", action="store_true", help="prepend BOS in lm-eval")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
+    add_device_argument(p)
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="label copied into the JSON (JSON value or string); repeatable")
 

@@ -23,6 +23,8 @@ def parse_span(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from flexigpt.commands import add_device_argument
+
     p.add_argument("--model", required=True, help="local checkpoint dir or hub id")
     p.add_argument("--layers", required=True, type=int, help="target depth (blocks)")
     p.add_argument("--pattern", default="block", choices=["block", "sequential"])
@@ -33,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32")
+    add_device_argument(p)
     p.add_argument("--force", action="store_true",
                    help="replace --out even if it is not a previous saved model")
 
@@ -47,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if args.rank is not None:
         options["rank"] = args.rank
     manifest = compress("flexigpt_extend", args.model, args.out, options=options,
-                        seed=args.seed, dtype=args.dtype, force=args.force)
+                        seed=args.seed, dtype=args.dtype, force=args.force,
+                        device=args.device)
     p = manifest["parameters"]
     print(f"flexigpt_extend: {manifest['info']['original_layers']} -> "
           f"{manifest['info']['layers']} blocks, {p['compressed']:,} / {p['dense']:,} parameters "

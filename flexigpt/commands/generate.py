@@ -14,6 +14,8 @@ HELP = "generate text with a saved model (optionally self-speculative for FlexiG
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from flexigpt.commands import add_device_argument
+
     p.add_argument("--model", required=True, help="saved model directory (any method) or "
                                                   "plain HF checkpoint")
     p.add_argument("prompts", nargs="*", help="prompt(s); or use --prompts-file")
@@ -34,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="lean decode path: merge replacement adapters into private weights "
                         "(more memory)")
     p.add_argument("--dtype", default="float32")
+    add_device_argument(p)
     p.add_argument("--threads", type=int, help="torch threads")
     p.add_argument("--json", help="write texts and statistics to this JSON file")
 
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give prompts as arguments or with --prompts-file")
     if args.threads:
         torch.set_num_threads(args.threads)
-    gen = Generator(args.model, dtype=args.dtype)
+    gen = Generator(args.model, dtype=args.dtype, device=args.device)
     merged = None
     if args.merged:
         from flexigpt.generation.lean import merge_replacement_linears

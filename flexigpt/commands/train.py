@@ -11,6 +11,7 @@ HELP = "recovery-train a saved model (FlexiGPT adapters, LoRA, or full) and save
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from flexigpt.commands import add_device_argument
     from flexigpt.training.config import BF16_MODES, LOSSES, RECIPES, SCHEDULES
 
     p.add_argument("--model", required=True, help="saved model dir (any method) or HF checkpoint")
@@ -53,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="lm: next-token cross-entropy; kd: KL to --teacher")
     p.add_argument("--kd-temperature", type=float, default=2.0)
     p.add_argument("--teacher", help="dense teacher model (dir or hub id) for --loss kd")
+    add_device_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
         lora_targets=tuple(args.lora_targets.split(",")) if args.lora_targets else None,
         lora_other_blocks=args.lora_other_blocks, lora_budget=args.lora_budget,
-        loss=args.loss, kd_temperature=args.kd_temperature)
+        loss=args.loss, kd_temperature=args.kd_temperature, device=args.device)
     manifest = train_model(args.model, args.out, cfg, text=args.text,
                            validation=args.validation or None, teacher=args.teacher)
     from accelerate import PartialState

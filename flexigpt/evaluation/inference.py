@@ -145,6 +145,7 @@ def run_inference_cost(inputs: dict[str, str | os.PathLike], out_json: str | os.
     Args:
         inputs: ``"method/variant/setting"`` → model dir, reference (dense) first.
         model: model key recorded in the JSON (default: the parent folder of ``out_json``).
+        device: where every model is loaded and timed (:mod:`flexigpt.devices`).
         decode: :data:`DECODE_DEFAULTS` keys; with ``prompts > 0`` the decoding cost of the
             first sentences of the first ``prompts`` documents of ``prompt_text`` is
             measured too.
@@ -160,10 +161,12 @@ def run_inference_cost(inputs: dict[str, str | os.PathLike], out_json: str | os.
         ValueError: bad ``decode`` settings, or ``prompts > 0`` without ``prompt_text``
             (before any model is loaded).
     """
+    from flexigpt import devices
     from flexigpt.artifacts import atomic_write_text, load_compressed
     from flexigpt.params import count_parameters
     from flexigpt.provenance import provenance
 
+    device = devices.resolve_device(device)
     dec = decode_settings(decode)
     prompts = None
     if dec["prompts"]:
@@ -186,7 +189,7 @@ def run_inference_cost(inputs: dict[str, str | os.PathLike], out_json: str | os.
     out = {"schema": 1, "model": model or Path(out_json).parent.name, "batch": batch,
            "seq_len": seq_len, "repeats": repeats, "dtype": dtype,
            "rows": [{**meta[r["name"]], **r} for r in rows], "decode": decoded,
-           "device": device,
+           "device": str(devices.model_device(next(iter(models.values())))),
            "threads": torch.get_num_threads(), "provenance": provenance(),
            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     atomic_write_text(out_json, json.dumps(out, indent=2) + "\n")

@@ -129,9 +129,11 @@ class Generator:
         model_dir: a saved model directory, or a ``LoadedModel`` / ``(model, tokenizer,
             manifest)`` already in memory.
         dtype: weight dtype when loading.
+        device: where a model loaded here goes (:mod:`flexigpt.devices`); prompts are
+            encoded onto the model's device.
     """
 
-    def __init__(self, model_dir: Any, dtype: str = "float32") -> None:
+    def __init__(self, model_dir: Any, dtype: str = "float32", device: str = "cpu") -> None:
         from flexigpt.artifacts import LoadedModel, load_compressed
 
         if isinstance(model_dir, LoadedModel):
@@ -139,7 +141,7 @@ class Generator:
         elif isinstance(model_dir, tuple):
             loaded = LoadedModel(*model_dir)
         else:
-            loaded = load_compressed(model_dir, dtype=dtype)
+            loaded = load_compressed(model_dir, dtype=dtype, device=device)
         self.model, self.tokenizer, self.manifest = loaded.model, loaded.tokenizer, loaded.manifest
         self.model.eval()
         if self.tokenizer.pad_token is None:
@@ -176,7 +178,9 @@ class Generator:
         enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
         if enc["input_ids"].shape[1] == 0:
             raise ValueError("prompts encode to no tokens")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+        device = next(self.model.parameters()).device
+        return {"input_ids": enc["input_ids"].to(device),
+                "attention_mask": enc["attention_mask"].to(device)}
 
     def generate(self, prompts: list[str], max_new_tokens: int = 64, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 1,
@@ -292,7 +296,7 @@ def generate(model_dir: Any, prompts: list[str], max_new_tokens: int = 64,
              do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              batch_size: int = 1, seed: int = 0, speculative: bool = False,
              draft_length: int = DEFAULT_DRAFT_LENGTH, dtype: str = "float32",
-             ignore_eos: bool = False) -> GenerationOutput:
+             ignore_eos: bool = False, device: str = "cpu") -> GenerationOutput:
     """Generate continuations of ``prompts`` with the model saved in ``model_dir``.
 
     Args:
@@ -307,11 +311,12 @@ def generate(model_dir: Any, prompts: list[str], max_new_tokens: int = 64,
         draft_length: tokens the draft proposes per verification (k).
         dtype: weight dtype.
         ignore_eos: generate exactly ``max_new_tokens`` per prompt (benchmarks).
+        device: where the model is loaded (:mod:`flexigpt.devices`).
 
     Returns:
         :class:`GenerationOutput` with the continuations and the statistics.
     """
-    gen = Generator(model_dir, dtype=dtype)
+    gen = Generator(model_dir, dtype=dtype, device=device)
     return gen.generate(prompts, max_new_tokens=max_new_tokens, do_sample=do_sample,
                         temperature=temperature, top_p=top_p, batch_size=batch_size,
                         seed=seed, speculative=speculative, draft_length=draft_length,

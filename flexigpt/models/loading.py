@@ -116,7 +116,8 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
         spec: a local checkpoint directory (``config.json`` inside) or a hub id such as
             ``meta-llama/Llama-2-7b-hf``.
         dtype: weight dtype.
-        device: torch device for the weights.
+        device: where the weights go, a :mod:`flexigpt.devices` setting (``auto`` = CUDA
+            where available).
         verify: a local directory written by this harness (``.flexigpt-output.json``
             marker: resources, exports) has its files checked against the recorded sha256.
 
@@ -131,6 +132,9 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from flexigpt import devices
+
+    device = devices.resolve_device(device)  # a bad setting fails before any loading
     spec = str(spec)
     local = Path(spec).expanduser()
     if looks_local(spec) and not (local / "config.json").is_file():

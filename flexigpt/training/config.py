@@ -80,6 +80,9 @@ class TrainConfig:
             dense teacher's next-token distribution at ``kd_temperature``, scaled by T²,
             on the same tokens; the teacher is passed to :func:`train_model`).
         kd_temperature: softmax temperature T of the ``kd`` loss.
+        device: where a single-process run trains (:mod:`flexigpt.devices`: ``auto`` =
+            CUDA where available); a multi-process launch (``accelerate launch``) puts each
+            process on its own GPU, or on the CPU (gloo) where there is none.
     """
 
     tokens: int = 1_000_000
@@ -111,6 +114,7 @@ class TrainConfig:
     lora_budget: int | None = None
     loss: str = "lm"
     kd_temperature: float = 2.0
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         def positive_int(name: str, minimum: int = 1) -> None:
@@ -154,6 +158,9 @@ class TrainConfig:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
         if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        from flexigpt.devices import check_device
+
+        check_device(self.device)
         if self.bf16 not in BF16_MODES:
             raise ValueError(f"bf16 must be one of {BF16_MODES}, got {self.bf16!r}")
         if self.eval_windows is not None:

@@ -53,6 +53,17 @@ class LoopResult:
     stopped_at: int | None = None  # the step a ``stop_step`` run stopped at (checkpointed)
 
 
+def train_device(spec: str) -> str:
+    """Where this process loads the models it trains: the :mod:`flexigpt.devices` setting
+    ``spec`` resolved, or the CPU in a multi-process launch (each process's model then goes
+    to that process's own device in :func:`run_loop`)."""
+    from flexigpt import devices
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return "cpu"
+    return devices.resolve_device(spec)
+
+
 def bf16_enabled(mode: str, device: torch.device) -> bool:
     """Resolve ``TrainConfig.bf16`` (auto: :func:`flexigpt.precision.native_bf16`)."""
     if mode != "auto":
@@ -208,9 +219,15 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
     from accelerate import Accelerator
 
     launched = int(os.environ.get("WORLD_SIZE", "1"))
-    # a multi-process launch on a machine without CUDA means gloo on CPU (accelerate would
-    # otherwise start W independent single-process runs writing the same output)
-    accelerator = Accelerator(cpu=launched > 1 and not torch.cuda.is_available())
+    if launched > 1:
+        # a multi-process launch on a machine without CUDA means gloo on CPU (accelerate
+        # would otherwise start W independent single-process runs writing the same output)
+        accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    else:
+        target = torch.device(train_device(cfg.device))
+        if target.type == "cuda" and target.index is not None:
+            torch.cuda.set_device(target)
+        accelerator = Accelerator(cpu=target.type == "cpu")
     world, rank = accelerator.num_processes, accelerator.process_index
     if world != launched:
         raise RuntimeError(f"launched as {launched} processes but accelerate set up {world}; "

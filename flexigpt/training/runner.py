@@ -24,14 +24,16 @@ from flexigpt.training.checkpoint import remove_checkpoint
 from flexigpt.training.config import TrainConfig, resolve_plan
 from flexigpt.training.data import WindowStream
 from flexigpt.training.lora import merge_lora
-from flexigpt.training.loop import StepHook, run_loop
+from flexigpt.training.loop import StepHook, run_loop, train_device
 from flexigpt.training.outputs import log_csv, plot_loss_curve
 from flexigpt.training.recipes import apply_recipe
 
 log = logging.getLogger(__name__)
 
-#: Config fields that do not change the trajectory (excluded from the resume fingerprint).
-_NOT_TRAJECTORY = ("eval_every", "eval_windows", "checkpoint_every", "keep_checkpoint")
+#: Config fields that do not change the trajectory (excluded from the resume fingerprint;
+#: a checkpoint resumes on another device).
+_NOT_TRAJECTORY = ("eval_every", "eval_windows", "checkpoint_every", "keep_checkpoint",
+                   "device")
 LOG_FILE = "train_log.csv"
 CURVE_FILE = "loss_curve.png"
 
@@ -77,14 +79,14 @@ def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: T
         entry). ``out_dir`` also holds ``train_log.csv`` and ``loss_curve.png``. A run
         stopped at ``stop_step`` returns its :func:`rung_record` instead.
     """
-    loaded = load_compressed(model_dir)
+    loaded = load_compressed(model_dir, device=train_device(cfg.device))
     source = {"model": str(Path(model_dir).resolve()),
               "manifest_hash": manifest_hash(loaded.manifest) if loaded.manifest else None}
     teacher_model = None
     if cfg.loss == "kd":
         if teacher is None:
             raise ValueError("loss 'kd' needs a teacher model (train_model(teacher=...))")
-        teacher_model = load_compressed(teacher).model
+        teacher_model = load_compressed(teacher, device=train_device(cfg.device)).model
         source["teacher"] = str(teacher)
     return train_loaded(loaded, out_dir, cfg, text, validation, source, on_step, teacher_model,
                         stop_step, memo)
@@ -151,6 +153,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
         "text": str(text), "validation": None if validation is None else str(validation),
         "eval_windows": None if val is None else int(val.shape[0]),
         "eval_dtype": "bfloat16" if bf16 else "float32",
+        "device": str(next(model.parameters()).device),
         "token_budget": cfg.tokens, "tokens": tokens, "steps": state.step,
         "epochs": round(stream.epochs(state.position), 4),
         "ppl_before": before, "final_ppl": final_ppl,

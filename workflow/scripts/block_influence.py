@@ -5,6 +5,7 @@ import json
 from flexigpt.artifacts import atomic_write_text
 from flexigpt.block_influence import block_influence
 from flexigpt.calibration import token_windows
+from flexigpt.devices import model_device
 from flexigpt.models import load_model
 from flexigpt.provenance import setup_run
 from flexigpt.dag import script_logging
@@ -12,11 +13,13 @@ from flexigpt.dag import script_logging
 log = script_logging(snakemake.log[0], snakemake.threads)
 cal = snakemake.params.calibration
 setup_run(cal["seed"])
-model, tokenizer = load_model(snakemake.params.model, dtype=cal["dtype"])
+model, tokenizer = load_model(snakemake.params.model, dtype=cal["dtype"],
+                              device=cal.get("device", "cpu"))
 windows = token_windows(snakemake.input.text, tokenizer, cal["seq_len"], cal["n_calibration"],
                         seed=cal["seed"])
 scores = block_influence(model, windows)
 log.info("block influence: %s", [round(s, 4) for s in scores])
 atomic_write_text(snakemake.output[0], json.dumps(
-    {"block_influence": scores, "calibration": {**cal, "text": snakemake.input.text}},
+    {"block_influence": scores, "calibration": {**cal, "text": snakemake.input.text},
+     "device": str(model_device(model))},
     indent=2))

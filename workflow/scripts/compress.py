@@ -21,4 +21,5 @@ if "match" in snakemake.input.keys():
              snakemake.input.match)
 compress(run["method"], snakemake.params.model, snakemake.output.model, options=options,
          calibration=snakemake.input.get("text"), n_calibration=run["n_calibration"],
-         calibration_seq_len=run["seq_len"], seed=run["seed"], dtype=run["dtype"])
+         calibration_seq_len=run["seq_len"], seed=run["seed"], dtype=run["dtype"],
+         device=run["device"])
