@@ -536,6 +536,20 @@ class RunGrid:
                 "labels": run.labels(stage)}
 
 
+def checkout_on_pythonpath(root: str | Path) -> None:
+    """Put the checkout ``root`` first on ``PYTHONPATH`` for the jobs this process starts.
+
+    Under ``snakemake --use-conda`` a job's environment (``workflow/envs/flexigpt.yaml``)
+    holds only the dependencies: a ``-e .`` there would install ``.snakemake/conda/``, the
+    folder conda runs pip in. In the venv route the editable install names the same code.
+    """
+    import os
+
+    root = str(Path(root).resolve())
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *rest])
+
+
 def script_logging(log_path: str | Path, threads: int | None = None) -> logging.Logger:
     """Route logging and stderr of a Snakemake script to its log file; set torch threads."""
     handler = logging.FileHandler(log_path, mode="w")

@@ -58,7 +58,19 @@ def test_job_conda_env_pins_match_environment_yml():
         text = rules.read_text()
         assert "environment.yml" not in text, rules.name
         assert text.count("conda:") == text.count('"../envs/flexigpt.yaml"'), rules.name
-    assert 'os.environ["PYTHONPATH"]' in (ROOT / "Snakefile").read_text()
+    assert "checkout_on_pythonpath(workflow.basedir)" in (
+        ROOT / "workflow/rules/common.smk").read_text()
+
+
+def test_checkout_on_pythonpath(monkeypatch, tmp_path):
+    import os
+
+    from flexigpt.dag import checkout_on_pythonpath
+
+    monkeypatch.setenv("PYTHONPATH", f"/other{os.pathsep}{tmp_path}")
+    checkout_on_pythonpath(tmp_path)
+    checkout_on_pythonpath(tmp_path)  # idempotent: one entry, first
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(tmp_path.resolve()), "/other"]
 
 
 def test_schema_methods_match_registry():

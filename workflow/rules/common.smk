@@ -5,8 +5,11 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from flexigpt.code_deps import rule_code_version
-from flexigpt.dag import PROMPT_TEXT, RunGrid
+from flexigpt.dag import PROMPT_TEXT, RunGrid, checkout_on_pythonpath
 
+# jobs import the harness from this checkout (under --use-conda their environment holds only
+# its dependencies: workflow/envs/flexigpt.yaml)
+checkout_on_pythonpath(workflow.basedir)
 validate(config, schema="../schemas/config.schema.yaml")
 # builds every run's method config and TrainConfigs, checks sizes and model paths: a bad
 # option is a short error here, before any job (flexigpt.config_check)
