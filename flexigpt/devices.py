@@ -47,6 +47,7 @@ def resolve_device(spec: str | torch.device | None = "auto") -> str:
             visible CUDA devices.
     """
     import torch
+
     if isinstance(spec, torch.device):
         spec = str(spec)
     spec = check_device("auto" if spec is None else spec)

@@ -166,7 +166,6 @@ def run_inference_cost(inputs: dict[str, str | os.PathLike], out_json: str | os.
     from flexigpt.params import count_parameters
     from flexigpt.provenance import provenance
 
-    device = devices.resolve_device(device)
     dec = decode_settings(decode)
     prompts = None
     if dec["prompts"]:

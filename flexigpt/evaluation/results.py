@@ -141,11 +141,11 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
     from flexigpt.precision import dtype_name, resolve_autocast
 
     cfg = EvalConfig(**options)
-    device = devices.resolve_device(cfg.device)
-    autocast = resolve_autocast(cfg.autocast_dtype, device)
     specs = task_specs(cfg.tasks, cfg.source, cfg.benchmarks_dir) if cfg.tasks else []
-    loaded = load_compressed(model_dir_or_spec, dtype=cfg.dtype, device=device)
+    loaded = load_compressed(model_dir_or_spec, dtype=cfg.dtype, device=cfg.device)
     model, tokenizer, manifest = loaded.model, loaded.tokenizer, loaded.manifest
+    device = devices.model_device(model)
+    autocast = resolve_autocast(cfg.autocast_dtype, device)
     compressed = count_parameters(model)
     if manifest is None:
         params = {"dense": compressed, "compressed": compressed, "achieved_ratio": 0.0}
@@ -161,7 +161,7 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
         "method": manifest["method"] if manifest else "dense",
         "manifest_hash": manifest_hash(manifest) if manifest else None,
         "num_layers": int(model.config.num_hidden_layers), "parameters": params,
-        "device": str(devices.model_device(model)),
+        "device": str(device),
         "trained_tokens": sum(int(h.get("tokens") or 0) for h in (manifest or {}).get(
             "history", []) if h.get("stage") == "train"),
         "blocks_pruned": blocks_pruned(manifest), "recovery": recovery_summary(
@@ -172,7 +172,7 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
     }
     windows: dict[str, Any] = {}
     if cfg.ppl_text is not None:
-        with torch.autocast(torch.device(device).type, dtype=autocast or torch.float32,
+        with torch.autocast(device.type, dtype=autocast or torch.float32,
                             enabled=autocast is not None):
             result["perplexity"] = perplexity_block(model, tokenizer, cfg, windows_out=windows)
         result["perplexity"]["autocast"] = dtype_name(autocast)

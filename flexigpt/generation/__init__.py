@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flexigpt.devices import model_device
 from flexigpt.generation.draft import (SPECULATIVE_METHODS, build_draft, draft_extra_bytes,
                                        set_draft_length, skipped_blocks)
 
@@ -178,7 +179,7 @@ class Generator:
         enc = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
         if enc["input_ids"].shape[1] == 0:
             raise ValueError("prompts encode to no tokens")
-        device = next(self.model.parameters()).device
+        device = model_device(self.model)
         return {"input_ids": enc["input_ids"].to(device),
                 "attention_mask": enc["attention_mask"].to(device)}
 

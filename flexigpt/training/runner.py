@@ -15,6 +15,7 @@ import torch
 from flexigpt.artifacts import LoadedModel, atomic_directory, load_compressed, manifest_hash
 from flexigpt.artifacts import save_compressed
 from flexigpt.calibration import token_windows
+from flexigpt.devices import model_device
 from flexigpt.manifest import new_manifest
 from flexigpt.params import count_parameters
 from flexigpt.perplexity import perplexity
@@ -79,14 +80,15 @@ def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: T
         entry). ``out_dir`` also holds ``train_log.csv`` and ``loss_curve.png``. A run
         stopped at ``stop_step`` returns its :func:`rung_record` instead.
     """
-    loaded = load_compressed(model_dir, device=train_device(cfg.device))
+    device = train_device(cfg.device)
+    loaded = load_compressed(model_dir, device=device)
     source = {"model": str(Path(model_dir).resolve()),
               "manifest_hash": manifest_hash(loaded.manifest) if loaded.manifest else None}
     teacher_model = None
     if cfg.loss == "kd":
         if teacher is None:
             raise ValueError("loss 'kd' needs a teacher model (train_model(teacher=...))")
-        teacher_model = load_compressed(teacher, device=train_device(cfg.device)).model
+        teacher_model = load_compressed(teacher, device=device).model
         source["teacher"] = str(teacher)
     return train_loaded(loaded, out_dir, cfg, text, validation, source, on_step, teacher_model,
                         stop_step, memo)
@@ -138,9 +140,9 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     main = _is_main_process()  # with several processes only the main one evaluates and saves
     final_ppl = None
     bf16 = bool(result is not None and result.bf16)  # evaluate as the loop did at step 0
+    device = model_device(model)
     if val is not None and main:
-        device = next(model.parameters()).device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             final_ppl = perplexity(model, val, batch_size=cfg.micro_batch)
     state.log[-1]["ppl"] = final_ppl
     before = state.log[0]["ppl"] if state.log[0]["step"] == 0 else None
@@ -153,7 +155,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
         "text": str(text), "validation": None if validation is None else str(validation),
         "eval_windows": None if val is None else int(val.shape[0]),
         "eval_dtype": "bfloat16" if bf16 else "float32",
-        "device": str(next(model.parameters()).device),
+        "device": str(device),
         "token_budget": cfg.tokens, "tokens": tokens, "steps": state.step,
         "epochs": round(stream.epochs(state.position), 4),
         "ppl_before": before, "final_ppl": final_ppl,
