@@ -103,7 +103,10 @@ def test_bad_config_rejected_before_any_job(mutate, message, tmp_path):
 
 
 def test_grid_of_default_config():
-    grid = RunGrid.from_config(load("config/config.yaml"))
+    config = load("config/config.yaml")
+    assert config["kd"]["runs"] == ["flexigpt", "shortgpt_lora"]  # the like-for-like pair
+    config["kd"]["runs"] += ["slicegpt/rft", "llm_pruner/lora"]  # every method can distil
+    grid = RunGrid.from_config(config)
     methods = {(r.method, r.variant, r.setting) for r in grid.runs.values()}
     for m in ("shortgpt", "shortgpt_lora", "slicegpt", "llm_pruner", "flexigpt"):
         assert {(m, "default", "r0.3"), (m, "default", "r0.4")} <= methods
