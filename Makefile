@@ -7,7 +7,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 BIN := $(VENV)/bin
 
-.PHONY: setup run smoke test test-slow lint report
+.PHONY: setup run smoke test test-slow test-slurm lint report
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -30,6 +30,11 @@ test: setup
 # the end-to-end smoke DAG and the real SmolLM2 resource build (minutes; builds resources/)
 test-slow: setup
 	. $(BIN)/activate && python -m pytest -q -m slow
+
+# the smoke DAG through the real SLURM executor on a private single-node cluster (root,
+# Debian 12: installs slurm-wlm, munge and MariaDB; docs/slurm.md)
+test-slurm: setup
+	. $(BIN)/activate && pip install -q -e ".[slurm]" && bash tests/slurm/run_smoke.sh
 
 lint: setup
 	. $(BIN)/activate && snakemake --lint

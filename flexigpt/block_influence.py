@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from flexigpt.devices import model_device
 from flexigpt.models.adapters import get_adapter
 
 
@@ -58,7 +59,7 @@ def block_influence(model: nn.Module, windows: torch.Tensor, batch_size: int = 4
     for i, block in enumerate(blocks):
         handles.append(block.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
         handles.append(block.register_forward_hook(post_hook(i), with_kwargs=True))
-    device = next(model.parameters()).device
+    device = model_device(model)
     try:
         for start in tqdm(range(0, windows.shape[0], batch_size), desc="block influence",
                           disable=not progress):

@@ -206,7 +206,7 @@ def check_model_paths(grid: RunGrid) -> list[tuple[str, str]]:
                         f"model {key!r}: {path!r} looks like a local path but does not exist "
                         f"(relative to {Path.cwd()}); build it with a resource rule (set "
                         f"model.resource; {builders}), fetch it (`flexigpt fetch "
-                        f"smollm2|tiny-llama`), or give a hub id (org/name)"))
+                        f"smollm2|tiny-llama|tiny-opt`), or give a hub id (org/name)"))
     return out
 
 

@@ -32,7 +32,8 @@ from flexigpt.registry import METHODS, methods_with
 BI_METHODS = methods_with("block_influence")
 #: offline resource builders → the checkpoint folder they produce.
 RESOURCE_MODELS = {"smollm2": "resources/models/smollm2-135m",
-                   "tiny-llama": "resources/models/tiny-llama"}
+                   "tiny-llama": "resources/models/tiny-llama",
+                   "tiny-opt": "resources/models/tiny-opt"}
 #: tables a run can belong to (``labels.table`` of its result JSONs).
 TABLES = ("dense", "main", "paper_protocol", "kd", "ablation", "extension")
 #: learning-rate keys a tuning grid may sweep, per trainer recipe.

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from flexigpt.devices import model_device
+
 
 def window_nll(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
                progress: bool = False) -> tuple[float, int]:
@@ -68,7 +70,7 @@ class WindowNLL:
 def window_nlls(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
                 progress: bool = False) -> WindowNLL:
     """:func:`window_nll` plus the summed NLL and token count of every window."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     total, count = 0.0, 0
     per_nll: list[float] = []
     per_tok: list[int] = []

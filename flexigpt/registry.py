@@ -183,10 +183,8 @@ class MethodFacts:
 METHODS: dict[str, MethodFacts] = {
     "dense": MethodFacts("flexigpt.methods.dense:METHOD", "Dense", calibration=False,
                          timed=True),
-    "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT",
-                            families=("llama",)),
-    "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner",
-                              families=("llama",)),
+    "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT"),
+    "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner"),
     "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT",
                             block_influence=True, timed=True),
     "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",

@@ -55,10 +55,20 @@ def make_tokenizer(text: str, vocab_size: int = 300):
 def make_model(family: str = "llama", layers: int = 4, hidden: int = 64, heads: int = 4,
                kv_heads: int = 2, intermediate: int = 128, vocab: int = 300,
                tied: bool = True, seed: int = 0):
-    """A tiny random causal LM of ``family`` (llama, mistral, qwen2), fp32, eval mode."""
+    """A tiny random causal LM of ``family`` (llama, mistral, qwen2, qwen3, opt), fp32,
+    eval mode. OPT: pre-LN, multi-head (``kv_heads`` unused), biases, learned positions,
+    ``intermediate`` = ``ffn_dim``, dropout off."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
+    if family == "opt":
+        from transformers import OPTConfig, OPTForCausalLM
+
+        return OPTForCausalLM(OPTConfig(
+            vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, ffn_dim=intermediate,
+            num_attention_heads=heads, max_position_embeddings=512, word_embed_proj_dim=hidden,
+            do_layer_norm_before=True, dropout=0.0, attention_dropout=0.0, bos_token_id=0,
+            eos_token_id=1, pad_token_id=2, tie_word_embeddings=tied)).eval()
     cfg = AutoConfig.for_model(
         family, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -77,6 +87,20 @@ def perturb_adapters(model, scale: float = 0.05, seed: int = 0) -> None:
                 p.add_(scale * torch.randn(p.shape, generator=g))
             elif n.endswith("gamma"):
                 p.fill_(0.5)
+
+
+def perturb_norms(model, scale: float = 0.2, seed: int = 0) -> None:
+    """Give every norm a non-trivial scale (1 + scale·N) and, where it has one, shift
+    (scale·N), so norm folding is exercised (fresh HF norms are 1 and 0)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if "norm" not in type(module).__name__.lower():
+                continue
+            if getattr(module, "weight", None) is not None:
+                module.weight.add_(scale * torch.randn(module.weight.shape, generator=g))
+            if getattr(module, "bias", None) is not None:
+                module.bias.add_(scale * torch.randn(module.bias.shape, generator=g))
 
 
 @pytest.fixture

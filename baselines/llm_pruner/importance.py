@@ -7,7 +7,8 @@ windows in fp32. A group's importance is the **sum** of its members' saliences
 
 * attention group (one KV head with its query heads; see ``surgery`` for the GQA rule): the
   q/k/v rows of those heads (bias entries included) + the matching columns of o_proj;
-* FFN channel j: row j of gate_proj and up_proj (+ bias) + column j of down_proj.
+* FFN channel j: row j of gate_proj and up_proj (+ bias) + column j of down_proj (OPT: row j
+  of fc1 (+ bias) + column j of fc2).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from flexigpt.devices import model_device
 from flexigpt.models.adapters import get_adapter
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ def accumulate_gradients(model: nn.Module, windows: torch.Tensor, params: list[n
     n = windows.shape[0]
     flags = {p: p.requires_grad for p in model.parameters()}
     grads = {p: torch.zeros_like(p, dtype=torch.float32) for p in params}
-    device = next(model.parameters()).device
+    device = model_device(model)
     total = 0.0
     was_training = model.training
     model.eval()
@@ -91,14 +93,13 @@ def group_importance(model: nn.Module, windows: torch.Tensor, layers: list[int],
     grads, loss = accumulate_gradients(model, windows, params, batch_size)
     scores: dict[int, dict] = {}
     for i in layers:
-        lin = adapter.block_linears(blocks[i])
-        a, m = adapter.attn_name, adapter.mlp_name
-        q, k, v, o = (lin[f"{a}.{n}"] for n in adapter.attn_linears)
-        gate, up, down = (lin[f"{m}.{n}"] for n in adapter.mlp_linears)
+        q, k, v, o, down = (adapter.linear(blocks[i], r) for r in ("q", "k", "v", "o", "down"))
         n_kv = k.out_features // head_dim
         attn = (_row_saliency(q, grads) + _col_saliency(o, grads)).view(n_kv, -1).sum(1)
         attn = attn + (_row_saliency(k, grads) + _row_saliency(v, grads)).view(n_kv, -1).sum(1)
-        ffn = _row_saliency(gate, grads) + _row_saliency(up, grads) + _col_saliency(down, grads)
+        ffn = _col_saliency(down, grads)
+        for role in adapter.mlp_in_roles():
+            ffn = ffn + _row_saliency(adapter.linear(blocks[i], role), grads)
         scores[i] = {"attn": attn, "ffn": ffn}
     del grads
     return scores, loss

@@ -72,8 +72,8 @@ class LayerCost:
 def layer_cost(model: nn.Module, block: nn.Module, head_dim: int) -> LayerCost:
     """Parameter arithmetic of one block (counts exactly what ``prune_block`` removes)."""
     adapter = get_adapter(model)
-    q, k, v, o, gate, up, down = (adapter.linear(block, role) for role in
-                                  ("q", "k", "v", "o", "gate", "up", "down"))
+    q, k, v, o, down = (adapter.linear(block, role) for role in ("q", "k", "v", "o", "down"))
+    ins = [adapter.linear(block, role) for role in adapter.mlp_in_roles()]
     n_kv = k.out_features // head_dim
     g = q.out_features // head_dim // n_kv
 
@@ -81,7 +81,7 @@ def layer_cost(model: nn.Module, block: nn.Module, head_dim: int) -> LayerCost:
         return m.in_features + (m.bias is not None)
 
     group = g * head_dim * (row(q) + o.out_features) + head_dim * (row(k) + row(v))
-    return LayerCost(n_kv, group, gate.out_features, row(gate) + row(up) + down.out_features,
+    return LayerCost(n_kv, group, down.in_features, sum(row(m) for m in ins) + down.out_features,
                      head_dim)
 
 
@@ -147,8 +147,8 @@ def _keep(scores: torch.Tensor, n_remove: int) -> torch.Tensor:
 def compress(model: nn.Module, tokenizer: Any, calibration: Any,
              cfg: LLMPrunerConfig) -> CompressionResult:
     """Prune attention groups and FFN channels in place. ``calibration``: ``[N, T]`` ids.
-    Llama-family models only (gated MLP, grouped KV heads): others raise
-    ``UnsupportedArchitectureError``."""
+    Llama-family (gated MLP, grouped KV heads) and OPT (MHA, fc1/fc2 with biases) models;
+    others raise ``UnsupportedArchitectureError``."""
     METHOD.check_family(model)
     if calibration is None:
         raise ValueError("LLM-Pruner needs calibration windows for its Taylor importance")

@@ -76,11 +76,13 @@ def prune_block(adapter: ArchAdapter, block: nn.Module, keep_groups: torch.Tenso
     ``keep_channels`` ([m] indices) of ``block``, in place.
 
     q rows / o columns: the g·head_dim channels of each kept group; k/v rows: the head_dim
-    channels of each kept KV head; gate/up rows and down columns: the kept channels.
+    channels of each kept KV head; gate/up rows and down columns: the kept channels (a
+    family without a gate, OPT: fc1 rows and fc2 columns). Biases follow their rows.
     """
-    attn, mlp = adapter.attn(block), adapter.mlp(block)
+    attn, mlp = adapter.attn(block), adapter.mlp_owner(block)
     q_name, k_name, v_name, o_name = (adapter.role_name(r) for r in ("q", "k", "v", "o"))
-    gate_name, up_name, down_name = (adapter.role_name(r) for r in ("gate", "up", "down"))
+    in_names = [adapter.role_name(r) for r in adapter.mlp_in_roles()]
+    down_name = adapter.role_name("down")
     q, k = getattr(attn, q_name), getattr(attn, k_name)
     n_kv = k.out_features // head_dim
     group = q.out_features // head_dim // n_kv
@@ -95,8 +97,8 @@ def prune_block(adapter: ArchAdapter, block: nn.Module, keep_groups: torch.Tenso
     setattr(attn, v_name, slice_linear(getattr(attn, v_name), rows=kv_rows))
     setattr(attn, o_name, slice_linear(getattr(attn, o_name), cols=q_rows))
     set_attention_counts(attn, len(keep_groups) * group, len(keep_groups))
-    setattr(mlp, gate_name, slice_linear(getattr(mlp, gate_name), rows=keep_channels))
-    setattr(mlp, up_name, slice_linear(getattr(mlp, up_name), rows=keep_channels))
+    for name in in_names:
+        setattr(mlp, name, slice_linear(getattr(mlp, name), rows=keep_channels))
     setattr(mlp, down_name, slice_linear(getattr(mlp, down_name), cols=keep_channels))
     if hasattr(mlp, "intermediate_size"):
         mlp.intermediate_size = len(keep_channels)
@@ -111,7 +113,7 @@ def structure_of(model: nn.Module) -> dict[str, Any]:
     for block in adapter.layers(model):
         out["num_attention_heads"].append(adapter.linear(block, "q").out_features // head_dim)
         out["num_key_value_heads"].append(adapter.linear(block, "k").out_features // head_dim)
-        out["intermediate_size"].append(adapter.linear(block, "gate").out_features)
+        out["intermediate_size"].append(adapter.linear(block, "up").out_features)
     return out
 
 
@@ -133,16 +135,17 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
     for block, n_heads, n_kv, inter in zip(blocks, heads, kvs, inters):
         if n_kv < 1 or n_heads % n_kv:
             raise ValueError(f"bad head counts {n_heads}/{n_kv} in structure")
-        attn, mlp = adapter.attn(block), adapter.mlp(block)
+        attn, mlp = adapter.attn(block), adapter.mlp_owner(block)
         q_name, k_name, v_name, o_name = (adapter.role_name(r) for r in ("q", "k", "v", "o"))
-        gate_name, up_name, down_name = (adapter.role_name(r) for r in ("gate", "up", "down"))
+        in_names = [adapter.role_name(r) for r in adapter.mlp_in_roles()]
+        down_name = adapter.role_name("down")
         for name, rows in ((q_name, n_heads), (k_name, n_kv), (v_name, n_kv)):
             old = getattr(attn, name)
             setattr(attn, name, _new_linear(old, old.in_features, rows * head_dim))
         old = getattr(attn, o_name)
         setattr(attn, o_name, _new_linear(old, n_heads * head_dim, old.out_features))
         set_attention_counts(attn, n_heads, n_kv)
-        for name in (gate_name, up_name):
+        for name in in_names:
             old = getattr(mlp, name)
             setattr(mlp, name, _new_linear(old, old.in_features, inter))
         old = getattr(mlp, down_name)

@@ -5,7 +5,9 @@ after each block's attention ``mid[i]`` and after each block ``out[i]`` (the inp
 ``i`` is ``out[i-1]``, or ``embed`` for block 0). ``predict_parameters`` counts exactly what
 ``flexigpt.params.count_parameters`` will count on the sliced model (tests check this):
 
-    V·d₀ (embedding) + head [V·d_L (+bias) untied | d_L·d₀ re-tied projection]
+    V·d₀ (embedding) + P·d₀ (learned positions, OPT)
+    + head [V·d_L (+V bias: the head's own, or a final LayerNorm's shift) untied
+            | d_L·d₀ re-tied projection]
     + Σ_blocks [ in-linears d_in·out + out-linears in·d_mid (+bias) + d_in·d_mid (attn Q)
                  + MLP in-linears d_mid·f + out-linears f·d_out + d_mid·d_out (MLP Q) ]
     (norms become weight-free; other parameters, e.g. per-head q/k norms, unchanged)
@@ -23,6 +25,7 @@ from typing import Any
 
 from torch import nn
 
+from baselines.slicegpt.fusion import head_gets_bias
 from flexigpt.models.adapters import ArchAdapter
 from flexigpt.params import count_parameters
 
@@ -69,14 +72,18 @@ def predict_parameters(model: nn.Module, adapter: ArchAdapter, plan: Plan, tied:
     embed, head = adapter.embed(model), adapter.lm_head(model)
     vocab, last = embed.weight.shape[0], plan.out[-1]
     total = count_parameters(model) - embed.weight.numel() + vocab * plan.embed
+    positions = adapter.position_embed(model)
+    if positions is not None:  # learned position table, sliced like the embedding
+        total += positions.weight.shape[0] * (plan.embed - positions.weight.shape[1])
     if not tied:
         total -= _numel(head)
-    bias = 0 if head.bias is None else head.bias.numel()
+    gets_bias = head.bias is not None or head_gets_bias(model, adapter)
+    bias = vocab if gets_bias else 0  # fusion folds a final-norm shift into a head bias
     total += last * plan.embed if plan.head == "tied" else vocab * last + bias
     total -= _numel(adapter.final_norm(model))
     for block, d_in, d_mid, d_out in zip(layers, plan.inputs(), plan.mid, plan.out):
         total -= _numel(adapter.input_norm(block)) + _numel(adapter.post_attn_norm(block))
-        attn, mlp = adapter.attn(block), adapter.mlp(block)
+        attn, mlp = adapter.attn(block), adapter.mlp_owner(block)
         sides = ((attn, adapter.attn_in_linears, adapter.attn_out_linears, d_in, d_mid),
                  (mlp, adapter.mlp_in_linears, adapter.mlp_out_linears, d_mid, d_out))
         for parent, ins, outs, a, b in sides:

@@ -6,17 +6,20 @@ normalised signal, and the model computes the same function as before (paper §3
 
 * RMSNorm families (Llama, Mistral, Qwen): ``W_in ← W_in diag(α)``; final ``α`` into the head.
 * LayerNorm families: additionally ``b_in ← b_in + W_in β`` and the mean-removal
-  ``M = I − 11ᵀ/D`` baked into every writer of the residual stream (embedding rows, attention
-  and MLP output linears) — then ``LayerNorm(x) = RMSN(x)·α + β`` holds exactly.
+  ``M = I − 11ᵀ/D`` baked into every writer of the residual stream (token and learned
+  position embedding rows, attention and MLP output linears) — then
+  ``LayerNorm(x) = RMSN(x)·α + β`` holds exactly. The LM head under a final LayerNorm with a
+  shift gets a bias ``W β`` (as in the official code; OPT).
 
-Which path applies is decided from the norm modules (``norm_kind``), so a LayerNorm adapter
-(e.g. OPT) needs no change here.
+Which path applies is decided from the norm modules (``norm_kind``); the family's parts
+(position table, MLP on the block, residual dropout) come from its adapter.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,19 +79,68 @@ def untie_head(model: nn.Module, adapter: ArchAdapter) -> bool:
     return True
 
 
-def _fold_into_inputs(norm: nn.Module, linears: list[nn.Linear]) -> None:
-    """``W ← W diag(α)``, ``b ← b + W β`` (float64, in place) for the readers of ``norm``."""
+def _fold_into_inputs(norm: nn.Module, linears: list[nn.Linear], add_bias: bool = False) -> None:
+    """``W ← W diag(α)``, ``b ← b + W β`` (float64, in place) for the readers of ``norm``.
+
+    A reader without a bias gets one (``add_bias``, the LM head under a LayerNorm with
+    bias, as the official code does) or, when ``W β ≠ 0``, raises ValueError.
+    """
     alpha = norm.weight.detach().double()
     beta = getattr(norm, "bias", None)
     for lin in linears:
         if beta is not None:
             shift = lin.weight.detach().double() @ beta.detach().double()
-            if lin.bias is None:
+            if lin.bias is None and add_bias:
+                lin.bias = nn.Parameter(shift.to(lin.weight.dtype),
+                                        requires_grad=lin.weight.requires_grad)
+            elif lin.bias is None:
                 if torch.count_nonzero(shift):
                     raise ValueError(f"cannot fold a LayerNorm bias into {lin!r}: it has no bias")
             else:
                 lin.bias.copy_(lin.bias.double() + shift)
         scale_columns_(lin.weight, alpha)
+
+
+def head_gets_bias(model: nn.Module, adapter: ArchAdapter) -> bool:
+    """Whether fusion gives the (untied) LM head a bias: the final norm has a shift."""
+    return getattr(adapter.final_norm(model), "bias", None) is not None
+
+
+def stream_writers(model: nn.Module, adapter: ArchAdapter) -> list[nn.Embedding]:
+    """The embeddings that write block 0's input: tokens, and learned positions if any."""
+    positions = adapter.position_embed(model)
+    return [adapter.embed(model)] + ([] if positions is None else [positions])
+
+
+def block_names(adapter: ArchAdapter) -> dict[str, str]:
+    """:class:`SlicedBlock` names of a family's block parts (MLP parts when it has no MLP
+    module)."""
+    names = {"attn": adapter.attn_name, "mlp": adapter.mlp_name,
+             "input_norm": adapter.input_norm_name, "post_attn_norm": adapter.post_attn_norm_name}
+    if not adapter.mlp_name:
+        (mlp_in,), (mlp_out,) = adapter.mlp_in_linears, adapter.mlp_out_linears
+        names.update(mlp_in=mlp_in, mlp_out=mlp_out, activation=adapter.mlp_activation_name)
+    return names
+
+
+def sliced_block(adapter: ArchAdapter, layer: nn.Module, config: Any, eps: float) -> SlicedBlock:
+    """A :class:`SlicedBlock` over ``layer``'s own attention and MLP modules (shortcuts unset)."""
+    names = block_names(adapter)
+    keys = [names["attn"]] + ([names["mlp"]] if names["mlp"] else
+                              [names["mlp_in"], names["activation"], names["mlp_out"]])
+    block = SlicedBlock(names, {k: getattr(layer, k) for k in keys}, config.hidden_size, eps,
+                        adapter.residual_dropout(config))
+    if hasattr(layer, "attention_type"):
+        block.attention_type = layer.attention_type
+    return block
+
+
+def check_residual_stream(model: nn.Module, adapter: ArchAdapter) -> None:
+    """ValueError naming why the model has no single pre-norm residual stream to rotate."""
+    problems = adapter.residual_stream_problems(model.config)
+    if problems:
+        raise ValueError(f"slicegpt needs pre-norm blocks on one residual stream of width "
+                         f"hidden_size; this {adapter.family} model has " + "; ".join(problems))
 
 
 def _center_outputs(lin: nn.Linear) -> None:
@@ -108,6 +160,7 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
     norm's scale is only recorded in ``final_alpha``: the head is then wrong until
     ``rotate._finish_head`` re-ties it (no ``[V, D]`` copy is made).
     """
+    check_residual_stream(model, adapter)
     layers = adapter.layers(model)
     kind = norm_kind(adapter.input_norm(layers[0]))
     eps = norm_eps(adapter.input_norm(layers[0]))
@@ -116,14 +169,12 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
     keep_tied = was_tied and not untie
     if not keep_tied:
         untie_head(model, adapter)
-    names = {"attn": adapter.attn_name, "mlp": adapter.mlp_name,
-             "input_norm": adapter.input_norm_name, "post_attn_norm": adapter.post_attn_norm_name}
-    if kind == "layernorm":
-        embed = adapter.embed(model)
-        e = embed.weight
-        e.copy_(e.double() - e.double().mean(-1, keepdim=True))
+    if kind == "layernorm":  # every writer of block 0's input is centred
+        for embedding in stream_writers(model, adapter):
+            e = embedding.weight
+            e.copy_(e.double() - e.double().mean(-1, keepdim=True))
     for i, layer in enumerate(layers):
-        attn, mlp = adapter.attn(layer), adapter.mlp(layer)
+        attn, mlp = adapter.attn(layer), adapter.mlp_owner(layer)
         _fold_into_inputs(adapter.input_norm(layer),
                           [getattr(attn, n) for n in adapter.attn_in_linears])
         _fold_into_inputs(adapter.post_attn_norm(layer),
@@ -132,15 +183,12 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
             for lin in [getattr(attn, n) for n in adapter.attn_out_linears] + \
                        [getattr(mlp, n) for n in adapter.mlp_out_linears]:
                 _center_outputs(lin)
-        block = SlicedBlock(names, attn, mlp, hidden, eps)
-        if hasattr(layer, "attention_type"):
-            block.attention_type = layer.attention_type
-        layers[i] = block
+        layers[i] = sliced_block(adapter, layer, model.config, eps)
     final = adapter.final_norm(model)
     has_shift = getattr(final, "bias", None) is not None
     alpha = None if has_shift else final.weight.detach().double().clone()
     if not keep_tied:
-        _fold_into_inputs(final, [adapter.lm_head(model)])
+        _fold_into_inputs(final, [adapter.lm_head(model)], add_bias=True)
     set_module(model, adapter.final_norm_path, RMSN(hidden, eps))
     log.info("fused %s norms of %d blocks (head was tied: %s)", kind, len(layers), was_tied)
     return FusionInfo(norm=kind, eps=eps, was_tied=was_tied, final_alpha=alpha)

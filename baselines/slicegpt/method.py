@@ -22,8 +22,9 @@ from torch import nn
 
 from baselines.slicegpt.accounting import Plan, predict_parameters, slicing_width, solve_width
 from baselines.slicegpt.config import SliceGPTConfig
-from baselines.slicegpt.fusion import fuse_model, is_tied, norm_kind, set_module
-from baselines.slicegpt.modules import RMSN, ProjectedRMSN, SlicedBlock, resize_linear, set_shortcut
+from baselines.slicegpt.fusion import (check_residual_stream, fuse_model, is_tied, norm_kind,
+                                       set_module, sliced_block, stream_writers)
+from baselines.slicegpt.modules import RMSN, ProjectedRMSN, resize_linear, set_shortcut
 from baselines.slicegpt.rotate import rotate_and_slice
 from flexigpt.artifacts import empty_model
 from flexigpt.models.adapters import ArchAdapter, get_adapter
@@ -95,13 +96,17 @@ def _check_windows(calibration: Any) -> torch.Tensor:
 def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
              cfg: SliceGPTConfig, mask: torch.Tensor | None = None) -> CompressionResult:
     """Slice ``model`` in place; ``calibration [N, T]``, optional padding ``mask [N, T]``.
-    Llama-family models only (OPT would need LayerNorm-with-bias folding and its learned
-    positions rotated): others raise ``UnsupportedArchitectureError``."""
+
+    Llama-family (RMSNorm, rotary) and OPT (LayerNorm with bias, learned positions, MLP on
+    the block) models; other families raise ``UnsupportedArchitectureError``, a model
+    without one pre-norm residual stream (OPT-350m) ValueError.
+    """
     METHOD.check_family(model)
     windows = _check_windows(calibration)
     if mask is not None and mask.shape != windows.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} != windows shape {tuple(windows.shape)}")
     adapter = get_adapter(model)
+    check_residual_stream(model, adapter)
     tied = is_tied(model, adapter)
     head = resolve_head(cfg.head, tied, norm_kind(adapter.input_norm(adapter.layers(model)[0])))
     plan, width = plan_for(model, adapter, cfg, head, tied)
@@ -122,7 +127,8 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     if after != predicted:
         log.error("slicegpt parameter count %d differs from the prediction %d", after, predicted)
     structure = {"plan": plan.to_json(), "hidden_size": model.config.hidden_size,
-                 "eps": fusion.eps, "norm": fusion.norm, "was_tied": tied}
+                 "eps": fusion.eps, "norm": fusion.norm, "was_tied": tied,
+                 "head_bias": adapter.lm_head(model).bias is not None}
     info: dict[str, Any] = {
         "target": cfg.target, "ratio_requested": cfg.ratio, "width": width,
         "slicing_fraction": round(1 - width / model.config.hidden_size, 6),
@@ -152,10 +158,8 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
     layers = adapter.layers(model)
     if len(layers) != len(plan.mid):
         raise ValueError(f"structure has {len(plan.mid)} blocks, config {len(layers)}")
-    names = {"attn": adapter.attn_name, "mlp": adapter.mlp_name,
-             "input_norm": adapter.input_norm_name, "post_attn_norm": adapter.post_attn_norm_name}
     for i, (d_in, d_mid, d_out) in enumerate(zip(plan.inputs(), plan.mid, plan.out)):
-        attn, mlp = adapter.attn(layers[i]), adapter.mlp(layers[i])
+        attn, mlp = adapter.attn(layers[i]), adapter.mlp_owner(layers[i])
         for name in adapter.attn_in_linears:
             resize_linear(getattr(attn, name), in_features=d_in)
         for name in adapter.attn_out_linears:
@@ -164,16 +168,15 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
             resize_linear(getattr(mlp, name), in_features=d_mid)
         for name in adapter.mlp_out_linears:
             resize_linear(getattr(mlp, name), out_features=d_out)
-        block = SlicedBlock(names, attn, mlp, hidden, eps)
-        if hasattr(layers[i], "attention_type"):
-            block.attention_type = layers[i].attention_type
+        block = sliced_block(adapter, layers[i], config, eps)
         set_shortcut(block, "attn", torch.empty(d_in, d_mid))
         set_shortcut(block, "mlp", torch.empty(d_mid, d_out))
         layers[i] = block
     embed, head = adapter.embed(model), adapter.lm_head(model)
-    embed.weight = nn.Parameter(torch.empty(embed.weight.shape[0], plan.embed,
-                                            dtype=embed.weight.dtype))
-    embed.embedding_dim = plan.embed
+    for table in stream_writers(model, adapter):
+        table.weight = nn.Parameter(torch.empty(table.weight.shape[0], plan.embed,
+                                                dtype=table.weight.dtype))
+        table.embedding_dim = plan.embed
     if plan.head == "tied":
         final = ProjectedRMSN(hidden, eps, plan.out[-1], plan.embed)
         set_module(model, adapter.final_norm_path, final)
@@ -181,6 +184,8 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
     else:
         set_module(model, adapter.final_norm_path, RMSN(hidden, eps))
         resize_linear(head, in_features=plan.out[-1])
+        if structure.get("head_bias") and head.bias is None:
+            head.bias = nn.Parameter(torch.empty(head.out_features, dtype=head.weight.dtype))
     return model
 
 

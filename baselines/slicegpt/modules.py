@@ -57,36 +57,50 @@ class ProjectedRMSN(nn.Module):
 class SlicedBlock(GradientCheckpointingLayer):
     """A pre-norm decoder block with shortcut matrices on the residual path.
 
-    Holds the HF ``attn`` and ``mlp`` modules under their original attribute names (so
-    ``state_dict`` keys keep the HF layout), weight-free :class:`RMSN` norms under the
-    original norm names, and ``attn_shortcut`` / ``mlp_shortcut`` (``nn.Linear`` without
-    bias, or None for a plain add).
+    Holds the HF parts under their original attribute names (so ``state_dict`` keys keep
+    the HF layout): ``parts`` maps each name to its module — the attention, and the MLP
+    module (``names["mlp"]``) or, for a family whose MLP linears live on the block (OPT:
+    ``names["mlp"] == ""``), the in-linear, activation and out-linear named by
+    ``names["mlp_in"]``, ``names["activation"]``, ``names["mlp_out"]``. The norms become
+    weight-free :class:`RMSN` under the original norm names; ``attn_shortcut`` /
+    ``mlp_shortcut`` are ``nn.Linear`` without bias, or None for a plain add. ``dropout``
+    applies to each sub-layer's output in training (OPT's residual dropout; 0 = none).
     """
 
-    def __init__(self, names: dict[str, str], attn: nn.Module, mlp: nn.Module,
-                 hidden_size: int, eps: float) -> None:
+    def __init__(self, names: dict[str, str], parts: dict[str, nn.Module], hidden_size: int,
+                 eps: float, dropout: float = 0.0) -> None:
         super().__init__()
         self.names = dict(names)
-        setattr(self, names["attn"], attn)
-        setattr(self, names["mlp"], mlp)
+        for name, module in parts.items():
+            setattr(self, name, module)
         setattr(self, names["input_norm"], RMSN(hidden_size, eps))
         setattr(self, names["post_attn_norm"], RMSN(hidden_size, eps))
+        self.dropout = float(dropout)
         self.attn_shortcut: nn.Linear | None = None
         self.mlp_shortcut: nn.Linear | None = None
 
     def _part(self, key: str) -> nn.Module:
         return getattr(self, self.names[key])
 
+    def _drop(self, out: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(out, self.dropout, self.training) if self.dropout else out
+
+    def mlp_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The MLP on normalised ``h``: the MLP module, or out(act(in(h))) on the block."""
+        if self.names["mlp"]:
+            return self._part("mlp")(h)
+        return self._part("mlp_out")(self._part("activation")(self._part("mlp_in")(h)))
+
     def attn_residual(self, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """``x @ S_attn + attn(RMSN(x))``; ``kwargs``: the decoder layer's (mask, rope, cache)."""
         out = self._part("attn")(hidden_states=self._part("input_norm")(x), **kwargs)
         out = out[0] if isinstance(out, tuple) else out
-        return (x if self.attn_shortcut is None else self.attn_shortcut(x)) + out
+        return (x if self.attn_shortcut is None else self.attn_shortcut(x)) + self._drop(out)
 
     def mlp_residual(self, h: torch.Tensor) -> torch.Tensor:
         """``h @ S_mlp + mlp(RMSN(h))``."""
-        out = self._part("mlp")(self._part("post_attn_norm")(h))
-        return (h if self.mlp_shortcut is None else self.mlp_shortcut(h)) + out
+        out = self.mlp_forward(self._part("post_attn_norm")(h))
+        return (h if self.mlp_shortcut is None else self.mlp_shortcut(h)) + self._drop(out)
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args:  # HF passes everything but the hidden states by keyword

@@ -6,7 +6,8 @@ its inputs batch by batch. PCA only keeps ``D × D`` second moments. The officia
 inputs and outputs (and more) of every calibration sequence at once.
 
 Row-vector convention ``y = x Wᵀ`` (HF ``nn.Linear``), ``Q [D, D]`` columns = eigenvectors,
-``Q_d = Q[:, :d]``: readers ``W ← W Q_d``, writers ``W ← Q_dᵀ W``, embedding ``E ← E Q_d``,
+``Q_d = Q[:, :d]``: readers ``W ← W Q_d``, writers ``W ← Q_dᵀ W``, embeddings ``E ← E Q_d``
+(token and learned position tables),
 shortcut from basis (P, d_p) to (Q, d_q): ``x ↦ x P_{d_p}ᵀ Q_{d_q}``.
 """
 
@@ -21,10 +22,11 @@ from tqdm.auto import tqdm
 
 from baselines.slicegpt.accounting import Plan
 from baselines.slicegpt.config import SliceGPTConfig
-from baselines.slicegpt.fusion import FusionInfo, set_module
+from baselines.slicegpt.fusion import FusionInfo, set_module, stream_writers
 from baselines.slicegpt.modules import (ProjectedRMSN, SlicedBlock, matmul_rows, set_linear,
                                         set_shortcut)
 from baselines.slicegpt.pca import SecondMoment, kept_energy, random_orientation
+from flexigpt.devices import model_device
 from flexigpt.models.adapters import ArchAdapter
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ def capture_inputs(model: nn.Module, adapter: ArchAdapter, windows: torch.Tensor
     Without a padding mask, the kwargs (causal mask, rotary tables) depend only on the batch
     shape and are shared between batches of equal size.
     """
-    device = next(model.parameters()).device
+    device = model_device(model)
     seen: dict[Any, dict[str, Any]] = {}
     out: list[dict[str, Any]] = []
     slot: dict[str, Any] = {}
@@ -151,9 +153,9 @@ def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo,
     for sl, _, m in state.batches():
         acc.add(state.read(sl, hidden), m)
     q_embed = state.basis(acc, plan.embed)
-    embed = adapter.embed(model)
-    embed.weight = nn.Parameter(matmul_rows(embed.weight, q_embed[:, :plan.embed]))
-    embed.embedding_dim = plan.embed
+    for embed in stream_writers(model, adapter):  # token (and learned position) tables
+        embed.weight = nn.Parameter(matmul_rows(embed.weight, q_embed[:, :plan.embed]))
+        embed.embedding_dim = plan.embed
     state.rotate_buffer(q_embed, plan.embed)
 
     q_prev, d_prev = q_embed, plan.embed
@@ -161,7 +163,7 @@ def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo,
     for i, block in enumerate(tqdm(layers, desc="slicegpt", leave=False)):
         if not isinstance(block, SlicedBlock):
             raise TypeError(f"block {i} is {type(block).__name__}; call fuse_model first")
-        attn, mlp = adapter.attn(block), adapter.mlp(block)
+        attn, mlp = adapter.attn(block), adapter.mlp_owner(block)
         p_in = q_prev[:, :d_prev]
         _readers(attn, adapter.attn_in_linears, p_in)
         set_shortcut(block, "attn", p_in.T)  # back to the original basis for the PCA

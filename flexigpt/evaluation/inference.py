@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from flexigpt.devices import model_device
+
 log = logging.getLogger(__name__)
 
 
@@ -58,13 +60,13 @@ def measure_inference(models: dict[str, nn.Module], batch: int, seq_len: int,
     ids = torch.randint(vocab, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
     for m in models.values():
         m.eval()
-        dev = next(m.parameters()).device
+        dev = model_device(m)
         for _ in range(warmup):
             m(input_ids=ids.to(dev), use_cache=False)
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(repeats):
         for name, m in models.items():
-            dev = next(m.parameters()).device
+            dev = model_device(m)
             x = ids.to(dev)
             _sync(dev)
             start = time.perf_counter()

@@ -55,6 +55,17 @@ class ArchAdapter:
     roles: tuple[tuple[str, str], ...] = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"),
                                           ("o", "o_proj"), ("gate", "gate_proj"),
                                           ("up", "up_proj"), ("down", "down_proj"))
+    # from the CausalLM: a learned position table added to the token embeddings before block 0
+    # (a second writer of the residual stream); "" = none (rotary families)
+    position_embed_path: str = ""
+    # from a block without an MLP module: the activation between its in- and out-linears
+    mlp_activation_name: str = ""
+    # config attribute: dropout on each sub-layer's residual write (training only); "" = none
+    residual_dropout_attr: str = ""
+    # config attributes that must hold for a plain pre-norm residual stream: a flag that is
+    # True for pre-norm blocks, and an embedding width that must equal hidden_size
+    pre_norm_attr: str = ""
+    embed_width_attr: str = ""
 
     # ---- whole model -------------------------------------------------------------------
     def layers(self, model: nn.Module) -> nn.ModuleList:
@@ -119,6 +130,31 @@ class ArchAdapter:
     def attn(self, block: nn.Module) -> nn.Module:
         return getattr(block, self.attn_name)
 
+    def position_embed(self, model: nn.Module) -> nn.Embedding | None:
+        """The learned position table (``[positions, D]``), or None for a rotary family."""
+        return _get(model, self.position_embed_path) if self.position_embed_path else None
+
+    def residual_dropout(self, config: Any) -> float:
+        """Dropout probability on each sub-layer's write to the residual stream (training)."""
+        return float(getattr(config, self.residual_dropout_attr, 0.0) or 0.0) \
+            if self.residual_dropout_attr else 0.0
+
+    def residual_stream_problems(self, config: Any) -> list[str]:
+        """Why ``config``'s blocks do not form one pre-norm residual stream of width
+        ``hidden_size`` from the embedding to the final norm (empty = they do)."""
+        problems = []
+        if self.pre_norm_attr and not getattr(config, self.pre_norm_attr, True):
+            problems.append(f"post-norm blocks ({self.pre_norm_attr}=False)")
+        width = getattr(config, self.embed_width_attr, None) if self.embed_width_attr else None
+        if width is not None and width != config.hidden_size:
+            problems.append(f"embeddings of width {self.embed_width_attr}={width} projected to "
+                            f"hidden_size={config.hidden_size}")
+        return problems
+
+    def mlp_owner(self, block: nn.Module) -> nn.Module:
+        """The module holding the MLP linears: the MLP module, or the block itself."""
+        return self.mlp(block) if self.mlp_name else block
+
     def mlp(self, block: nn.Module) -> nn.Module:
         if not self.mlp_name:
             raise UnsupportedArchitectureError(
@@ -152,11 +188,18 @@ class ArchAdapter:
                 f"{self.family} blocks have no {role!r} linear (roles: {sorted(names)})")
         return names[role]
 
+    def has_role(self, role: str) -> bool:
+        """Whether the family's blocks have a linear playing ``role``."""
+        return role in dict(self.roles)
+
+    def mlp_in_roles(self) -> tuple[str, ...]:
+        """Roles of the MLP linears that read the normalised stream: gate (if any) and up."""
+        return tuple(r for r in ("gate", "up") if self.has_role(r))
+
     def linear(self, block: nn.Module, role: str) -> nn.Linear:
         """The linear of ``block`` playing ``role`` (see :meth:`role_name`)."""
         name = self.role_name(role)
-        owner = self.attn(block) if name in self.attn_linears else (
-            self.mlp(block) if self.mlp_name else block)
+        owner = self.attn(block) if name in self.attn_linears else self.mlp_owner(block)
         return _unwrap_output_norm(getattr(owner, name))
 
     def block_linears(self, block: nn.Module) -> dict[str, nn.Linear]:
@@ -170,9 +213,14 @@ LLAMA = ArchAdapter(model_types=("llama", "mistral", "qwen2", "qwen3"))
 
 #: OPT (paper Table 3): ``model.decoder.*``, pre-norms ``self_attn_layer_norm`` /
 #: ``final_layer_norm`` (LayerNorm with bias), ``fc1``/``fc2`` on the block (the MLP's
-#: residual writer is ``fc2`` itself), learned positional embeddings.
+#: residual writer is ``fc2`` itself), learned positional embeddings, residual dropout;
+#: OPT-350m's post-norm blocks and projected embeddings are flagged by
+#: :meth:`ArchAdapter.residual_stream_problems`.
 OPT = ArchAdapter(model_types=("opt",), family="opt", layers_path="model.decoder.layers",
                   embed_path="model.decoder.embed_tokens",
+                  position_embed_path="model.decoder.embed_positions",
+                  mlp_activation_name="activation_fn", residual_dropout_attr="dropout",
+                  pre_norm_attr="do_layer_norm_before", embed_width_attr="word_embed_proj_dim",
                   final_norm_path="model.decoder.final_layer_norm", mlp_name="",
                   input_norm_name="self_attn_layer_norm", post_attn_norm_name="final_layer_norm",
                   attn_linears=("q_proj", "k_proj", "v_proj", "out_proj"),

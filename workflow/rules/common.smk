@@ -6,6 +6,7 @@ from snakemake.utils import validate
 
 from flexigpt.code_deps import rule_code_version
 from flexigpt.dag import PROMPT_TEXT, RunGrid, checkout_on_pythonpath
+from flexigpt.schedule import Priorities
 
 # jobs import the harness from this checkout (under --use-conda their environment holds only
 # its dependencies: workflow/envs/flexigpt.yaml)
@@ -123,3 +124,18 @@ def figure_dirs():
     inputs of the tables rule: a deleted ``trained/`` or ``compressed/`` is rebuilt."""
     files = GRID.figure_inputs()
     return sorted({str(Path(path).parent) for group in files.values() for path in group})
+
+
+# Critical-path priorities (flexigpt.schedule): among ready jobs, the one with the longest
+# estimated chain of dependents to the tables starts first, read from these output patterns
+# and input functions (the rules' own).
+PRIORITY = Priorities(
+    {"block_influence": ("results/{model}/block_influence.json", model_input),
+     "compress": ("results/{model}/{method}/{variant}/{setting}/compressed", compress_inputs),
+     "train": ("results/{model}/{method}/{variant}/{setting}/trained", train_inputs),
+     "evaluate": ("results/{model}/{method}/{variant}/{setting}/eval_{stage}.json",
+                  eval_inputs),
+     "inference_cost": ("results/{model}/inference.json", inference_inputs),
+     "tables": (TABLES_DIR, lambda wildcards: [GRID.eval_targets(), GRID.inference_targets(),
+                                               figure_dirs()])},
+    targets=[TABLES_DIR])

@@ -16,6 +16,7 @@ rule block_influence:
         "logs/{model}/block_influence.log",
     benchmark:
         "benchmarks/{model}/block_influence.tsv"
+    priority: PRIORITY.of("block_influence")
     threads: JOB_THREADS
     conda:
         "../envs/flexigpt.yaml"
@@ -36,6 +37,7 @@ rule compress:
         "logs/{model}/{method}/{variant}/{setting}/compress.log",
     benchmark:
         "benchmarks/{model}/{method}/{variant}/{setting}/compress.tsv"
+    priority: PRIORITY.of("compress")
     threads: JOB_THREADS
     resources:
         mem_mb=8000,

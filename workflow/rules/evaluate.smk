@@ -14,6 +14,7 @@ rule evaluate:
         "logs/{model}/{method}/{variant}/{setting}/eval_{stage}.log",
     benchmark:
         "benchmarks/{model}/{method}/{variant}/{setting}/eval_{stage}.tsv"
+    priority: PRIORITY.of("evaluate")
     threads: JOB_THREADS
     resources:
         mem_mb=8000,
@@ -35,6 +36,7 @@ rule inference_cost:
     log:
         "logs/{model}/inference.log",
     # every local core (capped): no other job shares the CPU while latencies are timed
+    priority: PRIORITY.of("inference_cost")
     threads: min(workflow.cores, 16)
     resources:
         gpu=JOB_GPU,

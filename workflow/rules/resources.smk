@@ -41,17 +41,19 @@ rule fetch_smollm2:
         "flexigpt fetch smollm2 --out {output} > {log} 2>&1"
 
 
-rule fetch_tiny_llama:
+rule fetch_tiny_model:
     input:
         text="resources/text/wiki/train.txt",
     output:
-        directory("resources/models/tiny-llama"),
+        directory("resources/models/tiny-{family}"),
+    wildcard_constraints:
+        family="llama|opt",
     log:
-        "logs/resources/tiny-llama.log",
+        "logs/resources/tiny-{family}.log",
     conda:
         "../envs/flexigpt.yaml"
     shell:
-        "flexigpt fetch tiny-llama --text {input.text} --out {output} > {log} 2>&1"
+        "flexigpt fetch tiny-{wildcards.family} --text {input.text} --out {output} > {log} 2>&1"
 
 
 rule split_heldout:

@@ -19,6 +19,7 @@ rule train:
         "logs/{model}/{method}/{variant}/{setting}/train.log",
     benchmark:
         "benchmarks/{model}/{method}/{variant}/{setting}/train.tsv"
+    priority: PRIORITY.of("train")
     threads: JOB_THREADS
     resources:
         mem_mb=12000,
