@@ -253,3 +253,14 @@ def test_slurm_profile_reads_account_and_partitions_from_the_environment():
     smoke = (ROOT / "tests/slurm/run_smoke.sh").read_text()
     for name in names:
         assert name in readme and f"{name}=" in smoke, name
+
+
+def test_schema_lists_every_resource_model_builder():
+    from flexigpt.dag import RESOURCE_MODELS
+    from flexigpt.resources import LAYOUT
+
+    schema = load("workflow/schemas/config.schema.yaml")
+    enum = schema["properties"]["model"]["properties"]["resource"]["enum"]
+    assert set(enum) == set(RESOURCE_MODELS) | {None}
+    assert all(LAYOUT[name] == path.removeprefix("resources/")
+               for name, path in RESOURCE_MODELS.items())
