@@ -22,6 +22,18 @@ def code_of(script):
     return rule_code_version(Path(workflow.basedir) / "workflow" / "scripts" / f"{script}.py")
 
 JOB_THREADS = config.get("jobs", {}).get("threads", 2)  # torch threads of each heavy job
+
+
+def local_cores(cap=16):
+    """Every core of a local run (at most ``cap``), for a job timed alone; ``cap`` on a
+    cluster executor, where no total number of cores is defined."""
+    from snakemake.exceptions import WorkflowError
+
+    try:
+        return min(workflow.cores, cap)
+    except WorkflowError:
+        return cap
+
 JOB_GPU = config.get("jobs", {}).get("gpu", 1)  # `gpu` resource units each heavy job holds
 TABLES_DIR = f"results/{config['model']['key']}/tables"  # this config's tables and figures
 

@@ -37,7 +37,7 @@ rule inference_cost:
         "logs/{model}/inference.log",
     # every local core (capped): no other job shares the CPU while latencies are timed
     priority: PRIORITY.of("inference_cost")
-    threads: min(workflow.cores, 16)
+    threads: local_cores(16)
     resources:
         gpu=JOB_GPU,
     conda:
