@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A private single-node SLURM cluster on loopback addresses, for the SLURM smoke test
 # (Debian 12: SLURM 22.05.8, munge, slurmdbd + MariaDB so that `sacct` works; the facts it
-# rests on are in docs/slurm.md). Needs root. Brings the cluster up (tested); the smoke DAG
-# through it does not pass yet (tests/slurm/run_smoke.sh). Everything lives under DIR; daemons are
-# stopped by the PIDs in DIR/pids, never by name.
+# rests on are in docs/slurm.md). Needs root. Everything lives under DIR, except the link
+# /etc/slurm/slurm.conf -> DIR/slurm.conf (job steps read the default path; made only where
+# no slurm.conf exists, removed by `down`); daemons are stopped by the PIDs in DIR/pids,
+# never by name. Driven by tests/slurm/run_smoke.sh (.ci/run, `make test-slurm`).
 #   tests/slurm/cluster.sh up DIR     install the packages if missing, write configs, start
 #   tests/slurm/cluster.sh down DIR   cancel jobs, stop the daemons
 set -euo pipefail
@@ -108,6 +109,10 @@ up() {
   start_munge
   start_mariadb
   write_configs
+  # job steps (the jobstep plugin's srun inside a job) read the default config path, not the
+  # submitting shell's $SLURM_CONF ("Could not establish a configuration source")
+  mkdir -p /etc/slurm
+  [ -e /etc/slurm/slurm.conf ] || ln -s $D/slurm.conf /etc/slurm/slurm.conf
   . $D/env.sh
   slurmdbd  # reads slurmdbd.conf beside $SLURM_CONF
   wait_for 15 sacctmgr -n show cluster
@@ -131,6 +136,9 @@ down() {
     kill -9 "$pid" 2>/dev/null || true
     rm -f $f
   done
+  if [ "$(readlink /etc/slurm/slurm.conf 2>/dev/null)" = "$D/slurm.conf" ]; then
+    rm -f /etc/slurm/slurm.conf
+  fi
 }
 
 case $cmd in

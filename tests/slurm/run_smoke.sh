@@ -2,10 +2,8 @@
 # The smoke DAG through the real SLURM executor (snakemake-executor-plugin-slurm, pinned in
 # pyproject.toml's `slurm` extra) on a private single-node cluster (tests/slurm/cluster.sh),
 # with the project's SLURM profile; then checks the tables and that `sacct` lists every job
-# COMPLETED. Needs root on Debian 12 (installs slurm-wlm, munge, MariaDB). `make test-slurm`.
-# Status: the cluster comes up and jobs are submitted; `srun` inside a job step does not yet
-# find the SLURM configuration ("Could not establish a configuration source"), so this is
-# not in .ci/run yet.
+# COMPLETED. Needs root on Debian 12 (installs slurm-wlm, munge, MariaDB). `make test-slurm`;
+# .ci/run runs it after the test suite.
 #   FLEXIGPT_SLURM_DIR   where the cluster and the run live (default /tmp/flexigpt-slurm)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -16,14 +14,18 @@ bash "$ROOT/tests/slurm/cluster.sh" up "$D"
 # the profile takes account and partitions from the environment
 export FLEXIGPT_SLURM_ACCOUNT=ci FLEXIGPT_SLURM_PARTITION=debug FLEXIGPT_SLURM_GPU_PARTITION=debug
 RUN=$D/run
+# the checkout's resources/ is the cache the jobs fill (and reuse on the next run)
+mkdir -p "$ROOT/resources"
 rm -rf "$RUN"; mkdir -p "$RUN"; ln -s "$ROOT/resources" "$RUN/resources"
 started=$(date +%s)
 # tiny jobs on a 2-core node without GPUs: the profile's per-rule GPU/memory requests are
-# replaced, everything else (executor, retries, latency, account, partitions) is the profile's
+# replaced, everything else (executor, retries, latency, account, partitions) is the profile's.
+# 4 jobs queued for 2 CPUs: SLURM starts the next one as a job ends, without waiting for the
+# plugin's next status check (which backs off by 10 s while nothing finishes)
 small="mem_mb=3000 gpu=0 runtime=30 cpus_per_task=1"
 cd "$RUN"
 timeout -k 10 2400 snakemake --snakefile "$ROOT/Snakefile" --configfile "$ROOT/config/smoke.yaml" \
-  --workflow-profile "$ROOT/workflow/profiles/slurm" --jobs 2 --latency-wait 5 \
+  --workflow-profile "$ROOT/workflow/profiles/slurm" --jobs 4 --latency-wait 5 \
   --slurm-init-seconds-before-status-checks 2 \
   --set-resources $(for r in compress train evaluate inference_cost block_influence; do
                       for kv in $small; do printf '%s:%s ' $r $kv; done; done) \
