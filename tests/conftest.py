@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import runpy
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ WORDS = ("the of and to in is was for on that with as by at from his her are wer
          "which an it or had first new after also time year city river king war world part "
          "music film game team state people church school water system large small early "
          "north south famous history modern language island empire science").split()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 
@@ -139,3 +141,33 @@ def tiny_checkpoint(tmp_path: Path, tiny_tokenizer) -> Path:
     model.save_pretrained(out)
     tiny_tokenizer.save_pretrained(out)
     return out
+
+
+class Named(dict):
+    """Snakemake's named input/output/params lists: ``x.name``, ``x.get``, ``x[0]``."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, key):
+        if isinstance(key, int):
+            return list(self.values())[key]
+        return super().__getitem__(key)
+
+
+def run_script(name: str, tmp_path: Path, monkeypatch, *, params: dict, inputs: dict,
+               outputs: dict, resources: dict | None = None) -> None:
+    """``workflow/scripts/<name>.py`` with a Snakemake-like ``snakemake`` global."""
+    import flexigpt.dag
+
+    monkeypatch.setattr(flexigpt.dag, "script_logging",  # keep pytest's stderr and logging
+                        lambda log, threads=None: __import__("logging").getLogger("test"))
+    job = Named(log=[str(tmp_path / f"{name}.log")], threads=1, params=Named(params),
+                input=Named({k: str(v) for k, v in inputs.items()}),
+                output=Named({k: str(v) for k, v in outputs.items()}),
+                resources=Named(resources or {}))
+    runpy.run_path(str(ROOT / "workflow" / "scripts" / f"{name}.py"),
+                   init_globals={"snakemake": job})

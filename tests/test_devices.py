@@ -11,34 +11,18 @@ every output then records the device its step really ran on.
 from __future__ import annotations
 
 import json
-import runpy
 from pathlib import Path
 
 import pytest
 import yaml
 
+from conftest import run_script
 from flexigpt import devices
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ROOT / "workflow" / "scripts"
 SENTINEL = "cuda:7"
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-class Named(dict):
-    """Snakemake's named input/output/params lists: ``x.name``, ``x.get``, ``x[0]``."""
-
-    def __getattr__(self, name: str):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __getitem__(self, key):
-        if isinstance(key, int):
-            return list(self.values())[key]
-        return super().__getitem__(key)
 
 
 @pytest.fixture
@@ -53,19 +37,6 @@ def requested(monkeypatch):
 
     monkeypatch.setattr(devices, "resolve_device", spy)
     return seen
-
-
-def run_script(name: str, tmp_path: Path, monkeypatch, *, params: dict, inputs: dict,
-               outputs: dict) -> None:
-    """``workflow/scripts/<name>.py`` with a Snakemake-like ``snakemake`` global."""
-    import flexigpt.dag
-
-    monkeypatch.setattr(flexigpt.dag, "script_logging",  # keep pytest's stderr and logging
-                        lambda log, threads=None: __import__("logging").getLogger("test"))
-    job = Named(log=[str(tmp_path / f"{name}.log")], threads=1, params=Named(params),
-                input=Named({k: str(v) for k, v in inputs.items()}),
-                output=Named({k: str(v) for k, v in outputs.items()}))
-    runpy.run_path(str(SCRIPTS / f"{name}.py"), init_globals={"snakemake": job})
 
 
 def test_check_and_resolve():

@@ -35,6 +35,8 @@ def local_cores(cap=16):
         return cap
 
 JOB_GPU = config.get("jobs", {}).get("gpu", 1)  # `gpu` resource units each heavy job holds
+# processes of a train job (None: one per GPU the job holds, when it holds several)
+TRAIN_PROCESSES = config.get("jobs", {}).get("train_processes")
 TABLES_DIR = f"results/{config['model']['key']}/tables"  # this config's tables and figures
 
 

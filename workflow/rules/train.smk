@@ -15,6 +15,7 @@ rule train:
         rung=GRID.tuning_rung,
         teacher=trial_teacher,
         code=code_of("train"),
+        processes=TRAIN_PROCESSES,
     log:
         "logs/{model}/{method}/{variant}/{setting}/train.log",
     benchmark:

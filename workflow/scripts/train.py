@@ -1,8 +1,11 @@
 """Recovery of one run: every trial of its tuning grid by successive halving on the tuning
 split, the best kept as the run's trained model (``selection.json`` lists every trial;
-resumes from the trials' checkpoints after a kill)."""
+resumes from the trials' checkpoints after a kill). On several processes (``accelerate
+launch``) when ``jobs.train_processes`` says so or the job holds several visible GPUs
+(:mod:`flexigpt.training.launch`)."""
 
 from flexigpt.training import TrainConfig
+from flexigpt.training.launch import processes_for, run_launched
 from flexigpt.training.tuning import budget_of, chosen_rates, run_sweep
 from flexigpt.dag import script_logging
 
@@ -16,8 +19,17 @@ if "lr_from" in snakemake.input.keys():
     shared.update({k: v for k, v in rates.items() if v is not None})
     log.info("learning rates %s chosen by %s", rates, snakemake.input.lr_from)
 trials = snakemake.params.trials
-configs = [TrainConfig(**{**t["config"], **shared}) for t in trials]
-run_sweep(snakemake.input.model, snakemake.output.model, configs,
-          [t["point"] for t in trials], text=snakemake.input.text, tune=snakemake.input.tune,
-          meta=dict(snakemake.params.meta), rung=snakemake.params.rung,
-          teacher=snakemake.params.teacher)
+configs = [{**t["config"], **shared} for t in trials]
+spec = {"model": snakemake.input.model, "out": snakemake.output.model, "configs": configs,
+        "points": [t["point"] for t in trials], "text": snakemake.input.text,
+        "tune": snakemake.input.tune, "meta": dict(snakemake.params.meta),
+        "rung": snakemake.params.rung, "teacher": snakemake.params.teacher}
+processes = processes_for(snakemake.params.get("processes"),
+                          getattr(snakemake.resources, "gpu", 0))
+if processes > 1:  # data-parallel on the job's GPUs (gloo on CPU), same global batch
+    log.info("sweep on %d processes (accelerate launch)", processes)
+    run_launched(spec, processes, snakemake.threads)
+else:
+    run_sweep(spec["model"], spec["out"], [TrainConfig(**c) for c in configs], spec["points"],
+              text=spec["text"], tune=spec["tune"], meta=spec["meta"], rung=spec["rung"],
+              teacher=spec["teacher"])
