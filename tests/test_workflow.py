@@ -264,3 +264,45 @@ def test_schema_lists_every_resource_model_builder():
     assert set(enum) == set(RESOURCE_MODELS) | {None}
     assert all(LAYOUT[name] == path.removeprefix("resources/")
                for name, path in RESOURCE_MODELS.items())
+
+
+def test_bench_scaling_counts_fits_and_extrapolates():
+    """benchmarks/bench_scaling.py: the parameter counts of its shapes (tied weights once),
+    exact power-law / linear fits, and a FLOP-based accelerator estimate at paper.yaml's
+    token counts."""
+    import argparse
+    import math
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_scaling import (PAPER, dense_params, extrapolate, fit_linear, fit_power,
+                               markdown)
+
+    assert dense_params("llama-2-7b") == 6_738_415_616  # the published count
+    assert dense_params("tinyllama-1.1b") == 1_100_048_384
+    assert dense_params("smollm2-135m") == 134_515_008  # embedding and head tied
+    a, b = fit_power([(1e8, 2.0), (4e8, 8.0), (1.6e9, 32.0)])
+    assert b == pytest.approx(1.0) and a == pytest.approx(2e-8)
+    c, k = fit_linear([(1.0, 3.0), (2.0, 5.0), (4.0, 9.0)])
+    assert (c, k) == (pytest.approx(1.0), pytest.approx(2.0))
+
+    def row(params: int, seconds: float) -> dict:
+        stage = {"wall_s": seconds, "peak_rise_mib": params / 2**20, "tokens": 512}
+        return {"shape": "x", "params": params, "stages": {"train_step": stage}}
+
+    args = argparse.Namespace(n_calibration=4, seq_len=256, gpu_peak=312e12, mfu=0.4)
+    ext = extrapolate([row(10**8, 1.0), row(10**9, 10.0)], args)
+    target = dense_params("llama-2-7b")
+    step = ext["train_step"]
+    assert step["time_fit"]["b"] == pytest.approx(1.0)
+    assert step["cpu_s_paper"] == pytest.approx(1e-8 * target * PAPER["train_tokens"] / 512,
+                                                rel=1e-3)
+    assert step["gpu_s_paper"] == pytest.approx(
+        4 * target * PAPER["train_tokens"] / (312e12 * 0.4), rel=1e-6)
+    assert step["memory_fit"]["bytes_per_param"] == pytest.approx(1.0)
+    scale = PAPER["train_micro_batch"] * PAPER["train_seq_len"] / 512
+    assert step["peak_rise_gib"] == pytest.approx(target / 2**30 * scale, rel=1e-2)
+    assert math.isfinite(step["job_peak_gib_bf16_weights"])
+    text = markdown({"sizes": [row(10**8, 1.0), row(10**9, 10.0)], "threads": 2,
+                     "load_average_start": [0, 0, 0], "load_average_end": [0, 0, 0],
+                     "cpu_peak_fp32": 1e11, "gpu_peak": 312e12, "extrapolation": ext})
+    assert "| train_step | 1.00 |" in text
