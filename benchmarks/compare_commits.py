@@ -74,10 +74,17 @@ def main() -> int:
                            for k, v in outs.items()}
                 same = shas["base"] == shas["head"] and structs["base"] == structs["head"]
                 differ += not same
-                print(f"{method} r{args.ratio}: weights {'identical' if shas['base'] == shas['head'] else 'DIFFER'} "
+                keys = sorted(k for k in set(structs["base"]) | set(structs["head"])
+                              if structs["base"].get(k, "<absent>")
+                              != structs["head"].get(k, "<absent>"))
+                print(f"{method} r{args.ratio}: weights "
+                      f"{'identical' if shas['base'] == shas['head'] else 'DIFFER'} "
                       f"(sha256 {shas['head'][:16]}), structure "
-                      f"{'equal' if structs['base'] == structs['head'] else 'DIFFERS'}; "
-                      f"{secs['base']:.0f} s at {args.base}, {secs['head']:.0f} s here")
+                      + ("equal" if not keys else "DIFFERS in " + ", ".join(
+                          f"{k}: {structs['base'].get(k, '<absent>')!r} -> "
+                          f"{structs['head'].get(k, '<absent>')!r}" for k in keys))
+                      + f"; {secs['base']:.0f} s at {args.base}, {secs['head']:.0f} s here",
+                      flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                            check=False, capture_output=True)
