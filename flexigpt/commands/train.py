@@ -77,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
         loss=args.loss, kd_temperature=args.kd_temperature, device=args.device)
     manifest = train_model(args.model, args.out, cfg, text=args.text,
                            validation=args.validation or None, teacher=args.teacher)
-    from accelerate import PartialState
+    from flexigpt.training.launch import is_main_process
 
-    if not PartialState().is_main_process:
+    if not is_main_process():
         return 0
     h = manifest["history"][-1]
     print(f"{manifest['method']} / recipe {h['recipe']}: {h['steps']} steps, {h['tokens']:,} "

@@ -5,7 +5,7 @@ writes the sweep's arguments to a JSON spec and runs ``accelerate launch --multi
 --num_processes N -m flexigpt.training.launch SPEC``: every process runs
 :func:`flexigpt.training.tuning.run_sweep` on the same spec (data-parallel DDP, one GPU per
 process; gloo on CPU-only machines), the main process scores and writes, the others take
-its records (:func:`flexigpt.training.tuning.shared`). The global batch is the config's, so
+its records (:func:`shared`). The global batch is the config's, so
 N processes train the same trajectory as one (each takes ``global_batch / N`` windows per
 step; ``tests/test_multiprocess_train.py``).
 """
@@ -21,6 +21,34 @@ from pathlib import Path
 from typing import Any
 
 SPEC_KEYS = ("model", "out", "configs", "points", "text", "tune", "meta", "rung", "teacher")
+
+
+def is_main_process() -> bool:
+    """True in a single process, and in the main one of a launched group."""
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+def barrier() -> None:
+    """Wait for every process of a launched group (nothing in a single process)."""
+    from accelerate import PartialState
+
+    PartialState().wait_for_everyone()
+
+
+def shared(record: Any) -> Any:
+    """``record`` as the main process has it, on every process of a launched group (only
+    the main process scores perplexity and saves); ``record`` itself in a single process."""
+    from accelerate import PartialState
+
+    if PartialState().num_processes == 1:
+        return record
+    from accelerate.utils import broadcast_object_list
+
+    box = [record]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
 
 
 def processes_for(explicit: int | None, gpus: int) -> int:

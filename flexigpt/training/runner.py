@@ -24,6 +24,7 @@ from flexigpt.training.checkpoint import TrainState, checkpoint_dir, fingerprint
 from flexigpt.training.checkpoint import remove_checkpoint
 from flexigpt.training.config import TrainConfig, resolve_plan
 from flexigpt.training.data import WindowStream
+from flexigpt.training.launch import is_main_process
 from flexigpt.training.lora import merge_lora
 from flexigpt.training.loop import StepHook, run_loop, train_device
 from flexigpt.training.outputs import log_csv, plot_loss_curve
@@ -137,7 +138,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
             return rung_record(state, cfg, plan.to_dict(), report.to_dict())
     model.eval()
     merged = merge_lora(model)
-    main = _is_main_process()  # with several processes only the main one evaluates and saves
+    main = is_main_process()  # with several processes only the main one evaluates and saves
     final_ppl = None
     bf16 = bool(result is not None and result.bf16)  # evaluate as the loop did at step 0
     device = model_device(model)
@@ -208,8 +209,3 @@ def _save(model: torch.nn.Module, tokenizer: Any, manifest: dict[str, Any],
         plot_loss_curve(rows, staged / CURVE_FILE, title=title)
     return saved
 
-
-def _is_main_process() -> bool:
-    from accelerate import PartialState
-
-    return PartialState().is_main_process

@@ -27,6 +27,7 @@ from typing import Any
 
 from flexigpt import faults
 from flexigpt.artifacts import atomic_directory, atomic_write_text
+from flexigpt.training.launch import barrier, is_main_process, shared
 
 log = logging.getLogger(__name__)
 
@@ -213,12 +214,12 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     selection = {**_selection(meta, records, best),
                  "rung": {"step": k, "steps": steps, "fraction": k / steps}}
     faults.point("sweep:publish")
-    if _main():
+    if is_main_process():
         _publish(trial_out[best], out_dir, selection)
         for stored in scratch.glob(f"t*/{FINAL_FILE}"):  # first: never read back a half-removed
             stored.unlink()                              # model
         shutil.rmtree(scratch, ignore_errors=True)
-    _barrier()
+    barrier()
     log.info("chose trial %d of %d (lr %s, gamma_lr %s; tune ppl %.4f at step %d of %d)",
              best, len(configs), selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
              records[best]["tune_ppl"], k, steps)
@@ -249,39 +250,12 @@ def _cached(path: Path, key: dict[str, Any], compute: Any) -> dict[str, Any]:
             log.info("%s: read back", path)
             return saved["record"]
     record = shared(compute())  # several processes: the main one's (it scored the trial)
-    if _main():
+    if is_main_process():
         atomic_write_text(path, json.dumps({"key": key, "record": record}, indent=2,
                                            default=str) + "\n")
-    _barrier()
+    barrier()
     return record
 
-
-def shared(record: Any) -> Any:
-    """``record`` as the main process has it, on every process of a launched sweep
-    (:mod:`flexigpt.training.launch`: only the main process scores perplexity and saves);
-    ``record`` itself in a single process."""
-    from accelerate import PartialState
-
-    state = PartialState()
-    if state.num_processes == 1:
-        return record
-    from accelerate.utils import broadcast_object_list
-
-    box = [record]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
-
-
-def _main() -> bool:
-    from accelerate import PartialState
-
-    return PartialState().is_main_process
-
-
-def _barrier() -> None:
-    from accelerate import PartialState
-
-    PartialState().wait_for_everyone()
 
 
 def _final(result: dict[str, Any] | str, point: dict[str, Any]) -> dict[str, Any]:
