@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from flexigpt.api import compress  # noqa: E402
 from flexigpt.artifacts import load_compressed, read_manifest  # noqa: E402
 from flexigpt.calibration import token_windows  # noqa: E402
+from flexigpt.manifest import Manifest  # noqa: E402
 from flexigpt.models.loading import load_model  # noqa: E402
 from flexigpt.perplexity import perplexity  # noqa: E402
 from flexigpt.registry import get_method  # noqa: E402
@@ -73,19 +74,19 @@ def recover(model_dir: Path, args: argparse.Namespace) -> tuple[Path, dict[str, 
     cfg = TrainConfig(tokens=args.recover_tokens, seq_len=args.train_seq_len, micro_batch=8,
                       global_batch=16, eval_windows=None, checkpoint_every=0, seed=args.seed)
     manifest = train_model(model_dir, out, cfg, text=args.calibration)
-    return out, manifest["history"][-1]
+    return out, manifest.history[-1]
 
 
 def _reusable(out: Path, options: dict[str, Any],
-              args: argparse.Namespace) -> dict[str, Any] | None:
+              args: argparse.Namespace) -> Manifest | None:
     """With --resume: the manifest of an earlier identical compression in --work-dir."""
     if not (args.resume and (out / "manifest.json").is_file()):
         return None
     manifest = read_manifest(out)
-    calib = manifest.get("calibration") or {}
-    same = (all(manifest["config"].get(k) == v for k, v in options.items())
-            and calib.get("n_windows") == args.n_calibration
-            and calib.get("seq_len") == args.seq_len and manifest.get("seed") == args.seed)
+    calib = manifest.calibration
+    same = (all(manifest.config.get(k) == v for k, v in options.items())
+            and calib is not None and calib.n_windows == args.n_calibration
+            and calib.seq_len == args.seq_len and manifest.seed == args.seed)
     if same:
         log.info("reusing %s", out)
     return manifest if same else None
@@ -102,20 +103,18 @@ def run_one(method: str, ratio: float, work: Path, val: torch.Tensor,
                             calibration=args.calibration, n_calibration=args.n_calibration,
                             calibration_seq_len=args.seq_len, seed=args.seed)
     wall = time.perf_counter() - wall
-    info = manifest["info"]
+    info, params = manifest.info, manifest.parameters
     row: dict[str, Any] = {
         "method": method, "ratio": ratio, "policy": args.policy,
-        "achieved_ratio": manifest["parameters"]["achieved_ratio"],
-        "params": manifest["parameters"]["compressed"],
-        "dense_params": manifest["parameters"]["dense"],
-        "compress_seconds": manifest["compress_seconds"],
+        "achieved_ratio": params.achieved_ratio, "params": params.compressed,
+        "dense_params": params.dense, "compress_seconds": manifest.extras["compress_seconds"],
         "wall_seconds_incl_load_save": round(wall, 2),  # ~0 when reused
         "ppl_before_recovery": perplexity(load_compressed(out).model, val, batch_size=4),
     }
     if method.startswith("shortgpt"):
         row["removed_blocks"] = info["removed_blocks"]
     if method == "llm_pruner":
-        row["structure"] = {k: manifest["structure"][k] for k in
+        row["structure"] = {k: manifest.structure[k] for k in
                             ("num_attention_heads", "num_key_value_heads", "intermediate_size")}
         row["fractions"] = [info["head_fraction"], info["ffn_fraction"]]
     if "recovery" in info:

@@ -164,6 +164,7 @@ def train_step(model: torch.nn.Module, info: dict[str, Any], seq_len: int, micro
                vocab: int, steps: int = 3) -> dict[str, float]:
     """Seconds of one optimizer step of the FlexiGPT recovery (median of ``steps`` - 1 after
     a warm-up step) and the peak RSS rise over the run."""
+    from flexigpt.manifest import Manifest
     from flexigpt.training.config import TrainConfig, resolve_plan
     from flexigpt.training.data import WindowStream
     from flexigpt.training.loop import run_loop
@@ -173,7 +174,11 @@ def train_step(model: torch.nn.Module, info: dict[str, Any], seq_len: int, micro
                       micro_batch=micro_batch, global_batch=micro_batch, warmup=0,
                       warmup_min_steps=0, checkpoint_every=0, recipe="flexigpt",
                       eval_windows=None, device="cpu")
-    plan = resolve_plan(cfg, {"method": "flexigpt", "info": info})
+    n = count_parameters(model)
+    manifest = Manifest.new("flexigpt", config={}, base_model=None, structure={}, info=info,
+                            dense_params=n, compressed_params=n, calibration=None, seed=0,
+                            dtype="float32")
+    plan = resolve_plan(cfg, manifest)
     apply_recipe(model, plan)
     windows = torch.randint(vocab, (max(4 * micro_batch, 8), seq_len),
                             generator=torch.Generator().manual_seed(1))

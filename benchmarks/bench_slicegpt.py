@@ -117,12 +117,12 @@ def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
         manifest = compress("slicegpt", args.model, out, {"ratio": ratio, "head": args.head},
                             calibration=args.calibration, n_calibration=args.n[0],
                             calibration_seq_len=args.seq_len, seed=args.seed)
-        info = manifest["info"]
+        info = manifest.info
         loaded = load_compressed(out)
         row = {"model": f"slicegpt {ratio}", "head": info["head"], "width": info["width"],
                "slicing_fraction": info["slicing_fraction"],
-               "parameters": manifest["parameters"]["compressed"],
-               "achieved_ratio": round(manifest["parameters"]["achieved_ratio"], 4),
+               "parameters": manifest.parameters.compressed,
+               "achieved_ratio": round(manifest.parameters.achieved_ratio, 4),
                "slice_seconds": info["slice_seconds"],
                "compress_wall_seconds": round(time.perf_counter() - start, 1),
                "compress_cpu_seconds": round(time.process_time() - cpu, 1),
@@ -148,7 +148,7 @@ def rft(model_dir: Path, out: Path, val: torch.Tensor, args: argparse.Namespace)
     trained = load_compressed(out)
     return {"rft_tokens": args.rft_tokens, "rft_seconds": round(time.perf_counter() - start, 1),
             "rft_cpu_seconds": round(time.process_time() - cpu, 1),
-            "rft_recipe": manifest["history"][-1]["plan"],
+            "rft_recipe": manifest.history[-1]["plan"],
             "ppl_rft": round(perplexity(trained.model, val, batch_size=4), 3),
             "parameters_rft": count_parameters(trained.model)}
 

@@ -9,9 +9,10 @@ Public entry points::
 
 from flexigpt.api import compress
 from flexigpt.artifacts import CheckpointError, LoadedModel, load_compressed, save_compressed
+from flexigpt.manifest import Manifest
 from flexigpt.models import load_model
 from flexigpt.params import count_parameters
 
 __version__ = "0.1.0"
-__all__ = ["CheckpointError", "LoadedModel", "compress", "count_parameters",
+__all__ = ["CheckpointError", "LoadedModel", "Manifest", "compress", "count_parameters",
            "load_compressed", "load_model", "save_compressed", "__version__"]

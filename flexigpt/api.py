@@ -14,7 +14,7 @@ from flexigpt import faults
 from flexigpt.artifacts import check_output, save_compressed
 from flexigpt.calibration import token_windows
 from flexigpt.devices import model_device
-from flexigpt.manifest import new_manifest
+from flexigpt.manifest import Manifest
 from flexigpt.models.loading import load_model
 from flexigpt.params import count_parameters
 from flexigpt.provenance import setup_run
@@ -27,7 +27,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
              options: dict[str, Any] | None = None, calibration: str | None = None,
              n_calibration: int = 128, calibration_seq_len: int = 512, seed: int = 0,
              dtype: str = "float32", force: bool | None = None,
-             device: str = "cpu") -> dict[str, Any]:
+             device: str = "cpu") -> Manifest:
     """Load ``model_spec``, compress it with ``method`` and save to ``out_dir``.
 
     Args:
@@ -78,7 +78,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         result = spec.compress(model, tokenizer, calib, cfg)
     faults.point("compress:done")
     seconds = time.perf_counter() - start
-    manifest = new_manifest(
+    manifest = Manifest.new(
         method, config=_jsonable(cfg), base_model=str(model_spec), structure=result.structure,
         info=result.info, dense_params=dense_params,
         compressed_params=count_parameters(result.model),

@@ -48,15 +48,19 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 
 from flexigpt import faults
 
+if TYPE_CHECKING:
+    from flexigpt.manifest import Manifest
+
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
+#: the ``format_version`` :func:`save_compressed` writes (see :mod:`flexigpt.manifest`)
 FORMAT_VERSION = 1
 #: written by :func:`atomic_directory` into every output directory
 MARKER = ".flexigpt-output.json"
@@ -95,7 +99,7 @@ class LoadedModel:
 
     model: nn.Module
     tokenizer: Any
-    manifest: dict[str, Any] | None
+    manifest: Manifest | None
 
 
 def current_umask() -> int:
@@ -359,15 +363,16 @@ def _stable(value: Any, inside_structure: bool = False) -> Any:
     return value
 
 
-def manifest_hash(manifest: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of a manifest (identifies an evaluated model).
+def manifest_hash(manifest: Manifest) -> str:
+    """sha256 of the canonical JSON (``to_dict()``) of a manifest (identifies an evaluated model).
 
     The manifest holds the structure (base map, ranks, ...), the weights' sha256 (which
     covers their sharing metadata) and the sha256 of every other file the rebuild reads, so
     the hash covers the whole checkpoint. Fields in :data:`VOLATILE_KEYS` (``created``
     timestamps, timings) are left out: identical runs give identical hashes.
     """
-    return hashlib.sha256(json.dumps(_stable(manifest), sort_keys=True).encode()).hexdigest()
+    stable = _stable(manifest.to_dict())
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()
 
 
 def shared_names(state_dict: dict[str, torch.Tensor]) -> dict[str, str]:
@@ -424,21 +429,26 @@ def file_sharing(path: str | os.PathLike) -> dict[str, str]:
     return {k: v for k, v in meta.items() if v in names and k not in names}
 
 
-def save_compressed(model: nn.Module, tokenizer: Any, manifest: dict[str, Any],
-                    out_dir: str | os.PathLike, force: bool | None = None) -> dict[str, Any]:
+def save_compressed(model: nn.Module, tokenizer: Any, manifest: Manifest,
+                    out_dir: str | os.PathLike, force: bool | None = None) -> Manifest:
     """Save weights, config, tokenizer and manifest atomically to ``out_dir``.
 
-    ``manifest`` must hold ``method`` and ``structure`` (see ``CompressionResult``). The
-    weights' sha256, file size and sharing map, and the sha256 of every other file the
-    rebuild reads (``files``), are added to the returned (and written) manifest.
+    The weights' sha256, file size and sharing map, and the sha256 of every other file the
+    rebuild reads (``files``), are added to the returned (and written) manifest, with
+    ``format_version`` :data:`FORMAT_VERSION`.
 
     Raises:
+        TypeError: ``manifest`` is not a :class:`flexigpt.manifest.Manifest`.
         OutputExistsError: ``out_dir`` exists and is not a saved model (unless ``force``).
     """
-    for key in ("method", "structure"):
-        if key not in manifest:
-            raise ValueError(f"manifest lacks required key {key!r}")
+    import dataclasses
+
     from flexigpt.export.card import write_model_card
+    from flexigpt.manifest import Manifest, Weights
+
+    if not isinstance(manifest, Manifest):
+        raise TypeError(f"save_compressed needs a flexigpt.manifest.Manifest, not a "
+                        f"{type(manifest).__name__} (build one with Manifest.new)")
     from flexigpt.export.checkpoint import make_self_contained
 
     check_output(out_dir, "model", force)  # before writing anything
@@ -450,37 +460,33 @@ def save_compressed(model: nn.Module, tokenizer: Any, manifest: dict[str, Any],
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         files, _ = _entries(tmp)
-        manifest = {**manifest, "format_version": FORMAT_VERSION,
-                    "weights": {"file": WEIGHTS, "sha256": _cached_sha(tmp / WEIGHTS),
-                                "bytes": (tmp / WEIGHTS).stat().st_size, "shared": shared},
-                    "files": {f: _cached_sha(tmp / f) for f in files
-                              if f not in (WEIGHTS, MANIFEST, MARKER)}}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        manifest = dataclasses.replace(
+            manifest, format_version=FORMAT_VERSION,
+            weights=Weights(file=WEIGHTS, sha256=_cached_sha(tmp / WEIGHTS),
+                            bytes=(tmp / WEIGHTS).stat().st_size, shared=shared),
+            files={f: _cached_sha(tmp / f) for f in files
+                   if f not in (WEIGHTS, MANIFEST, MARKER)})
+        (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
         write_model_card(tmp)
     return manifest
 
 
-def read_manifest(model_dir: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of a saved model; a clear :class:`CheckpointError` when it is missing,
-    not JSON, not an object, or lacks ``method`` / ``structure``."""
+def read_manifest(model_dir: str | os.PathLike) -> Manifest:
+    """The manifest of a saved model (migrated, see :meth:`Manifest.from_dict`); a clear
+    :class:`CheckpointError` when it is missing, not JSON, not a saved manifest (no
+    ``format_version``), of a newer version, or lacks a key or has one of the wrong type."""
+    from flexigpt.manifest import Manifest
+
     path = Path(model_dir) / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{str(path)!r} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{str(path)!r} is not valid JSON: {err}") from None
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{str(path)!r} is not a manifest: a JSON "
-                              f"{type(manifest).__name__}, not an object")
-    for key in ("method", "structure"):
-        if key not in manifest:
-            raise CheckpointError(f"{str(path)!r} lacks the required key {key!r}")
-    if not isinstance(manifest["method"], str) or not isinstance(manifest["structure"], dict):
-        raise CheckpointError(f"{str(path)!r}: 'method' must be a string and 'structure' an "
-                              "object")
-    if not isinstance(manifest.get("weights", {}), dict):
-        raise CheckpointError(f"{str(path)!r}: 'weights' must be an object")
+    manifest = Manifest.from_dict(data, source=repr(str(path)))
+    if manifest.format_version is None:
+        raise CheckpointError(f"{str(path)!r} lacks the required key 'format_version'")
     return manifest
 
 
@@ -515,19 +521,24 @@ def _skeleton_sharing(model: nn.Module) -> dict[str, str]:
     return shared_names(model.state_dict())
 
 
-def _check_consistent(model_dir: Path, manifest: dict[str, Any], weights: Path,
+def _check_consistent(model_dir: Path, manifest: Manifest, weights: Path,
                       model: nn.Module) -> None:
     """The structure in config.json and the sharing in the weights match the manifest."""
     from flexigpt.export.checkpoint import compression_spec
+    from flexigpt.manifest import migrate_structure
 
     spec = compression_spec(model_dir)
     if spec is not None:
-        if spec.get("method") != manifest["method"]:
-            raise CheckpointError(f"{str(model_dir)!r}: manifest method {manifest['method']!r} "
+        if spec.get("method") != manifest.method:
+            raise CheckpointError(f"{str(model_dir)!r}: manifest method {manifest.method!r} "
                                   f"differs from config.json's {spec.get('method')!r}")
-        if spec.get("structure") != manifest["structure"]:
-            keys = sorted(k for k in set(spec.get("structure") or {}) | set(manifest["structure"])
-                          if (spec.get("structure") or {}).get(k) != manifest["structure"].get(k))
+        # config.json holds the structure as saved: migrate it as the manifest's was
+        written = spec.get("structure")
+        written = migrate_structure(manifest.method, written) if isinstance(
+            written, dict) else {}
+        if written != manifest.structure:
+            keys = sorted(k for k in set(written) | set(manifest.structure)
+                          if written.get(k) != manifest.structure.get(k))
             raise CheckpointError(f"{str(model_dir)!r}: manifest structure differs from "
                                   f"config.json's in {keys}")
     in_file = file_sharing(weights)
@@ -538,7 +549,7 @@ def _check_consistent(model_dir: Path, manifest: dict[str, Any], weights: Path,
             f"{str(weights)!r}: the weights' sharing does not match the model the manifest's "
             f"structure rebuilds (e.g. {[f'{a} <- {b}' for a, b in diff[:3]]}); was "
             "manifest.json (base_map, structure) edited?")
-    recorded = manifest.get("weights", {}).get("shared")
+    recorded = manifest.weights.shared if manifest.weights is not None else None
     if recorded is not None and recorded != in_file:
         raise CheckpointError(f"{str(weights)!r}: sharing differs from manifest.json's "
                               "weights.shared")
@@ -585,21 +596,20 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
     if not (model_dir / MANIFEST).is_file():
         model, tok = load_model(str(model_dir), dtype=dtype, device=device, verify=verify)
         return LoadedModel(model, tok, None)
-    manifest = read_manifest(model_dir)
-    weights = model_dir / manifest.get("weights", {}).get("file", WEIGHTS)
+    manifest = read_manifest(model_dir)  # saved: weights and files are recorded
+    weights = model_dir / manifest.weights.file
     if not weights.is_file():
         raise CheckpointError(f"weights file {str(weights)!r} is missing")
-    if verify and "sha256" in manifest.get("weights", {}):
-        if _cached_sha(weights) != manifest["weights"]["sha256"]:
-            raise CheckpointError(f"weights file {str(weights)!r} is corrupt: its sha256 "
-                                  "does not match manifest.json")
-    if verify and isinstance(manifest.get("files"), dict):
-        verify_files(model_dir, manifest["files"], "manifest.json")
+    if verify and _cached_sha(weights) != manifest.weights.sha256:
+        raise CheckpointError(f"weights file {str(weights)!r} is corrupt: its sha256 "
+                              "does not match manifest.json")
+    if verify:
+        verify_files(model_dir, manifest.files, "manifest.json")
     config = family_config(model_dir)  # the family's config, also for self-contained dirs
     try:
-        model = get_method(manifest["method"]).rebuild(config, manifest["structure"])
+        model = get_method(manifest.method).rebuild(config, manifest.structure)
     except (KeyError, ValueError, TypeError, IndexError) as err:
-        raise CheckpointError(f"{str(model_dir)!r}: cannot rebuild the {manifest['method']!r} "
+        raise CheckpointError(f"{str(model_dir)!r}: cannot rebuild the {manifest.method!r} "
                               f"model from manifest.json's structure ({type(err).__name__}: "
                               f"{err})") from None
     if verify:
@@ -610,7 +620,7 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
         raise CheckpointError(f"cannot load {str(weights)!r}: {err}") from None
     if missing or unexpected:
         raise CheckpointError(
-            f"{str(weights)!r} does not match the rebuilt {manifest['method']} model: "
+            f"{str(weights)!r} does not match the rebuilt {manifest.method} model: "
             f"missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
     tokenizer = AutoTokenizer.from_pretrained(model_dir, config=config)  # no remote-code prompt
     if tokenizer.pad_token is None:

@@ -26,6 +26,21 @@ def without_keys(value, keys):
         return [without_keys(v, keys) for v in value]
     return value
 
+def manifest_for(method: str = "dense", structure: dict | None = None,
+                 info: dict | None = None, model=None, **kw):
+    """A :class:`flexigpt.manifest.Manifest` for a test save: ``Manifest.new`` with test
+    defaults (``kw`` overrides them: ``config``, ``base_model``, ``dense_params``, ...); the
+    parameter counts are ``model``'s when given."""
+    from flexigpt.manifest import Manifest
+    from flexigpt.params import count_parameters
+
+    n = count_parameters(model) if model is not None else 1
+    args = {"config": {}, "base_model": "tiny-random", "dense_params": n,
+            "compressed_params": n, "calibration": None, "seed": 0, "dtype": "float32", **kw}
+    return Manifest.new(method, structure={} if structure is None else structure,
+                        info={} if info is None else info, **args)
+
+
 def make_text(n_docs: int = 60, words_per_doc: int = 120, seed: int = 0) -> str:
     """Pseudo-English documents separated by blank lines (deterministic)."""
     rng = random.Random(seed)

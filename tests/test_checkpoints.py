@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import WORDS, make_model
+from conftest import WORDS, make_model, manifest_for
 from flexigpt.artifacts import load_compressed, save_compressed
 from flexigpt.cli import main as cli_main
 from flexigpt.export.card import write_model_card
@@ -79,9 +79,7 @@ def saved(tmp_path_factory, tiny_tokenizer, text_file) -> dict[str, Path]:
             with torch.no_grad():
                 res = spec.compress(model, tiny_tokenizer, CALIB, spec.make_config(**options))
             _perturb_adapters(res.model)
-            manifest = {"method": method, "structure": res.structure, "info": res.info,
-                        "config": options, "base_model": "tiny-random", "history": [],
-                        "parameters": {"compressed": count_parameters(res.model)}}
+            manifest = manifest_for(method, res.structure, res.info, res.model, config=options)
             save_compressed(res.model, tiny_tokenizer, manifest, root / name)
             out[name] = root / name
         small = dict(tokens=32 * 4 * 2, seq_len=32, micro_batch=2, global_batch=4,
@@ -215,8 +213,7 @@ def test_method_the_loader_cannot_replay_gets_no_auto_map(tiny_tokenizer, tmp_pa
     with torch.no_grad():
         res = spec.compress(model, None, CALIB, spec.make_config(ratio=0.5))
     wrong = {**res.structure, "base_map": {"0": 2, "3": 1}}  # not what the weights are
-    save_compressed(res.model, tiny_tokenizer, {"method": "flexigpt", "structure": wrong},
-                    tmp_path / "m")
+    save_compressed(res.model, tiny_tokenizer, manifest_for("flexigpt", wrong), tmp_path / "m")
     cfg = json.loads((tmp_path / "m/config.json").read_text())
     assert cfg["model_type"] == MODEL_TYPE and "auto_map" not in cfg
     assert cfg[KEY]["remote_code"] is False and "shared differently" in cfg[KEY][

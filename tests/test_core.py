@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_model
+from conftest import make_model, manifest_for
 from flexigpt.artifacts import CheckpointError, load_compressed, save_compressed
 from flexigpt.block_influence import block_influence, lowest_blocks
 from flexigpt.calibration import CalibrationDataError, token_windows
@@ -99,18 +99,18 @@ def test_count_parameters_dedups_tied():
 
 
 def test_dense_save_load_identical(tiny_model, tiny_tokenizer, tmp_path):
-    manifest = save_compressed(tiny_model, tiny_tokenizer, {"method": "dense", "structure": {}},
+    manifest = save_compressed(tiny_model, tiny_tokenizer, manifest_for(model=tiny_model),
                                tmp_path / "out")
     loaded = load_compressed(tmp_path / "out")
     ids = torch.tensor([[0, 3, 4, 5]])
     assert torch.equal(loaded.model(ids).logits, tiny_model(ids).logits)
-    assert loaded.manifest == json.loads((tmp_path / "out/manifest.json").read_text())
-    assert manifest["weights"]["sha256"] == loaded.manifest["weights"]["sha256"]
+    assert loaded.manifest.to_dict() == json.loads((tmp_path / "out/manifest.json").read_text())
+    assert loaded.manifest == manifest and manifest.weights.sha256 is not None
     assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
 
 
 def test_corrupt_checkpoint(tiny_model, tmp_path):
-    save_compressed(tiny_model, None, {"method": "dense", "structure": {}}, tmp_path / "m")
+    save_compressed(tiny_model, None, manifest_for(), tmp_path / "m")
     weights = tmp_path / "m/model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-10:] = b"\x00" * 10
@@ -123,7 +123,7 @@ def test_corrupt_checkpoint(tiny_model, tmp_path):
 
 
 def test_failed_save_leaves_nothing(tiny_model, tmp_path):
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError, match="Manifest"):  # a plain dict is not a manifest
         save_compressed(tiny_model, None, {"structure": {}}, tmp_path / "x")
     assert list(tmp_path.iterdir()) == []
 
@@ -169,15 +169,17 @@ def test_perplexity_matches_hf_loss(tiny_model):
 
 
 def test_one_manifest_builder():
-    from flexigpt.manifest import KEYS, new_manifest
+    from flexigpt.manifest import KEYS, PROVENANCE_KEYS, Manifest
 
-    m = new_manifest("dense", config={}, base_model="x", structure={}, info={},
+    m = Manifest.new("dense", config={}, base_model="x", structure={}, info={},
                      dense_params=10, compressed_params=7, calibration=None, seed=3,
                      dtype="float32", compress_seconds=1.5)
-    assert set(KEYS) <= set(m) and m["history"] == [] and m["compress_seconds"] == 1.5
-    assert m["parameters"]["achieved_ratio"] == pytest.approx(0.3)
-    assert {"versions", "code_version", "git_commit"} <= set(m)  # provenance is recorded
+    d = m.to_dict()
+    assert set(KEYS) <= set(d) and m.history == [] and m.extras == {"compress_seconds": 1.5}
+    assert m.parameters.achieved_ratio == pytest.approx(0.3) and d["compress_seconds"] == 1.5
+    assert set(PROVENANCE_KEYS) <= set(d)  # provenance is recorded
+    assert m.format_version is None and "format_version" not in d  # not saved yet
     with pytest.raises(ValueError, match="required keys"):
-        new_manifest("dense", config={}, base_model=None, structure={}, info={},
+        Manifest.new("dense", config={}, base_model=None, structure={}, info={},
                      dense_params=1, compressed_params=1, calibration=None, seed=0,
                      dtype="float32", history=[1])

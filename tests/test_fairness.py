@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_model, make_text
+from conftest import make_model, make_text, manifest_for
 from flexigpt.block_count import nearest_block_count, paper_block_count
 from flexigpt.calibration import read_documents, split_heldout
 from flexigpt.methods.sharing import adapter_trainable
@@ -78,7 +78,7 @@ def test_like_for_like_baseline_matches_flexigpts_achieved_ratio():
 
 # ---- equal trainable budget --------------------------------------------------------------
 def _plan(recipe: str, **cfg):
-    return resolve_plan(TrainConfig(recipe=recipe, **cfg), {"method": "dense"})
+    return resolve_plan(TrainConfig(recipe=recipe, **cfg), manifest_for())
 
 
 def _wide():  # wide enough that one LoRA rank is a small step of the budget

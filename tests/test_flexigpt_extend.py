@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_model
+from conftest import make_model, manifest_for
 from flexigpt.api import compress as api_compress
 from flexigpt.artifacts import load_compressed, save_compressed
 from flexigpt.cli import main as cli_main
@@ -108,8 +108,8 @@ def test_save_load_roundtrip(tmp_path, tiny_tokenizer):
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.05)
-    save_compressed(model, tiny_tokenizer, {"method": "flexigpt_extend",
-                                            "structure": result.structure}, tmp_path / "e")
+    save_compressed(model, tiny_tokenizer, manifest_for("flexigpt_extend", result.structure),
+                    tmp_path / "e")
     loaded = load_compressed(tmp_path / "e")
     assert loaded.model.config.num_hidden_layers == 6
     assert torch.equal(loaded.model(IDS).logits, model(IDS).logits)

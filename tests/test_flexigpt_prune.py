@@ -10,7 +10,7 @@ import weakref
 import pytest
 import torch
 
-from conftest import make_model
+from conftest import make_model, manifest_for
 from flexigpt.api import compress as api_compress
 from flexigpt.artifacts import load_compressed, save_compressed
 from flexigpt.methods.base_selection import select_bases
@@ -209,14 +209,14 @@ def test_save_load_identical_logits_and_size(tmp_path, tiny_tokenizer):
         for n, p in model.named_parameters():
             if "lora_" in n or "gamma" in n:
                 p.add_(0.01 * torch.randn_like(p))
-    save_compressed(dense, tiny_tokenizer, {"method": "dense", "structure": {}}, tmp_path / "d")
-    manifest = save_compressed(model, tiny_tokenizer, {"method": "flexigpt",
-                                                       "structure": result.structure,
-                                                       "info": result.info}, tmp_path / "c")
+    save_compressed(dense, tiny_tokenizer, manifest_for(), tmp_path / "d")
+    manifest = save_compressed(model, tiny_tokenizer,
+                               manifest_for("flexigpt", result.structure, result.info),
+                               tmp_path / "c")
     loaded = load_compressed(tmp_path / "c")
     assert torch.equal(loaded.model(CALIB).logits, model(CALIB).logits)
-    assert loaded.manifest == json.loads((tmp_path / "c" / "manifest.json").read_text())
-    assert loaded.manifest["structure"] == manifest["structure"]
+    assert loaded.manifest.to_dict() == json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert loaded.manifest.structure == manifest.structure
     size_d = (tmp_path / "d" / "model.safetensors").stat().st_size
     size_c = (tmp_path / "c" / "model.safetensors").stat().st_size
     param_ratio = count_parameters(model) / count_parameters(dense)
@@ -231,17 +231,17 @@ def test_api_compress_manifest_roundtrip(tiny_checkpoint, text_file, tmp_path):
     manifest = api_compress("flexigpt", str(tiny_checkpoint), out,
                             options={"ratio": 0.5, "policy": "paper", "rank": 4},
                             calibration=str(text_file), n_calibration=4, calibration_seq_len=32)
-    assert json.loads((out / "manifest.json").read_text()) == manifest
-    info, cfg = manifest["info"], manifest["config"]
+    assert json.loads((out / "manifest.json").read_text()) == manifest.to_dict()
+    info, cfg = manifest.info, manifest.config
     assert cfg == {**FlexiGPTConfig().__dict__, "ratio": 0.5, "rank": 4}
     assert len(info["block_influence"]) == 4 and info["k"] == 2
     assert len(info["distance_matrix"]) == 4 and info["recovery"]["recipe"] == "flexigpt"
     assert info["recovery"]["trainable_params"] == sum(  # the budget baselines are matched to
         p.numel() for n, p in load_compressed(out).model.named_parameters()
         if n.rsplit(".", 1)[-1] in ("lora_A", "lora_B", "gamma"))
-    assert manifest["parameters"]["compressed"] == info["params"]["unique"]
+    assert manifest.parameters.compressed == info["params"]["unique"]
     loaded = load_compressed(out)
-    assert loaded.manifest["structure"]["pruned_blocks"] == info["pruned_blocks"]
+    assert loaded.manifest.structure["pruned_blocks"] == info["pruned_blocks"]
     assert torch.isfinite(loaded.model(CALIB).logits).all()
 
 

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from conftest import make_model
+from conftest import make_model, manifest_for
 from flexigpt.api import compress as api_compress
 from flexigpt.artifacts import load_compressed, save_compressed
 from flexigpt.calibration import token_windows
@@ -152,10 +152,10 @@ def test_generate_with_cache_after_pruning():
 def test_save_reload_identical_logits(tmp_path, tiny_tokenizer):
     model = _model(8)
     res = _run(model, ratio=0.3)
-    save_compressed(model, tiny_tokenizer, {"method": "llm_pruner",
-                                            "structure": res.structure}, tmp_path / "m")
+    save_compressed(model, tiny_tokenizer, manifest_for("llm_pruner", res.structure),
+                    tmp_path / "m")
     loaded = load_compressed(tmp_path / "m")
-    assert loaded.manifest["structure"]["num_attention_heads"] == \
+    assert loaded.manifest.structure["num_attention_heads"] == \
         res.structure["num_attention_heads"]
     ids = torch.tensor([[0, 5, 9, 200, 31]])
     with torch.no_grad():
@@ -166,9 +166,9 @@ def test_api_compress_roundtrip(tmp_path, tiny_checkpoint, text_file):
     out = tmp_path / "lp"
     manifest = api_compress("llm_pruner", str(tiny_checkpoint), out, options={"ratio": 0.3},
                             calibration=str(text_file), n_calibration=4, calibration_seq_len=32)
-    assert abs(manifest["parameters"]["achieved_ratio"] - 0.3) <= 0.01
+    assert abs(manifest.parameters.achieved_ratio - 0.3) <= 0.01
     ad = get_adapter(make_model())
-    assert manifest["info"]["recovery"] == {"recipe": "lora", "lora_rank": 8, "lora_alpha": 16.0,
+    assert manifest.info["recovery"] == {"recipe": "lora", "lora_rank": 8, "lora_alpha": 16.0,
                                             "lora_dropout": 0.05, "lr": 1e-4,
                                             "lora_targets": list(ad.attn_linears
                                                                  + ad.mlp_linears)}
@@ -177,7 +177,7 @@ def test_api_compress_roundtrip(tmp_path, tiny_checkpoint, text_file):
     plan = resolve_plan(TrainConfig(), manifest)
     assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lr) == \
         ("lora", 8, 16.0, 0.05, 1e-4)
-    assert plan.lora_targets == tuple(manifest["info"]["recovery"]["lora_targets"])
+    assert plan.lora_targets == tuple(manifest.info["recovery"]["lora_targets"])
     assert all(plan.sources[k] == "manifest" for k in
                ("recipe", "lr", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"))
     loaded = load_compressed(out)

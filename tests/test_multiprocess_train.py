@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from flexigpt.artifacts import load_compressed
+from flexigpt.training.launch import accelerate_launch
 
 pytestmark = pytest.mark.skipif(shutil.which("accelerate") is None and not os.path.exists(
     os.path.join(os.path.dirname(sys.executable), "accelerate")),
@@ -27,10 +28,7 @@ def _train(model, out, text, processes: int) -> list[dict]:
              "--recipe", "lora", "--lora-rank", "4", "--seq-len", "32", "--micro-batch", "2",
              "--global-batch", "4", "--eval-windows", "4", "--bf16", "off", "--warmup", "1",
              "--checkpoint-every", "0", "--lr", "5e-3"]
-    launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    cmd = ([launcher, "launch", "--num_processes", str(processes), "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", "--multi_gpu", *flags]
-           if processes > 1 else [sys.executable, *flags])
+    cmd = [*accelerate_launch(processes), *flags] if processes > 1 else [sys.executable, *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "CUDA_VISIBLE_DEVICES": ""}  # the gloo path, also on a machine with GPUs
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -47,7 +45,7 @@ def test_two_gloo_processes_match_one(tiny_checkpoint, text_file, tmp_path):
         assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-4, abs=1e-5)
         assert a["tokens"] == b["tokens"]
     a, b = load_compressed(tmp_path / "one"), load_compressed(tmp_path / "two")
-    ha, hb = a.manifest["history"][-1], b.manifest["history"][-1]
+    ha, hb = a.manifest.history[-1], b.manifest.history[-1]
     assert (ha["processes"], ha["accumulation"]) == (1, 2)
     assert (hb["processes"], hb["accumulation"]) == (2, 1)
     sa, sb = a.model.state_dict(), b.model.state_dict()
@@ -87,8 +85,8 @@ def test_dag_train_job_on_two_processes_matches_one(tiny_checkpoint, text_file, 
     assert one["chosen_trial"] == two["chosen_trial"] and one["rung"] == two["rung"]
     for a, b in zip(one["trials"], two["trials"]):
         assert a["tune_ppl"] == pytest.approx(b["tune_ppl"], rel=1e-4)
-    ha = load_compressed(outs[1]).manifest["history"][-1]
-    hb = load_compressed(outs[2]).manifest["history"][-1]
+    ha = load_compressed(outs[1]).manifest.history[-1]
+    hb = load_compressed(outs[2]).manifest.history[-1]
     assert (ha["processes"], hb["processes"]) == (1, 2)
     assert hb["final_ppl"] == pytest.approx(ha["final_ppl"], rel=1e-4)
     sa, sb = load_compressed(outs[1]).model.state_dict(), load_compressed(outs[2]).model.state_dict()

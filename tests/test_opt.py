@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import make_model, perturb_adapters, perturb_norms
+from conftest import make_model, manifest_for, perturb_adapters, perturb_norms
 from flexigpt.artifacts import LoadedModel, load_compressed, save_compressed
 from flexigpt.generation import Generator
 from flexigpt.methods.extend import ExtendConfig
@@ -80,8 +80,8 @@ def test_flexigpt_prune_shares_weights_and_reloads(tmp_path, tiny_tokenizer):
     with torch.no_grad():
         out = model(CALIB).logits
     assert torch.isfinite(out).all()
-    save_compressed(model, tiny_tokenizer, {"method": "flexigpt", "structure": result.structure,
-                                            "info": result.info}, tmp_path / "c")
+    save_compressed(model, tiny_tokenizer, manifest_for("flexigpt", result.structure, result.info),
+                    tmp_path / "c")
     loaded = load_compressed(tmp_path / "c")
     assert type(loaded.model).__name__ == "OPTForCausalLM"
     with torch.no_grad():
@@ -121,8 +121,8 @@ def test_extension_starts_as_the_base_and_reloads(tmp_path, tiny_tokenizer, patt
         assert model.config.num_hidden_layers == 6
         assert torch.allclose(model(CALIB).logits, base(CALIB).logits, atol=1e-5)
     _perturb(model)
-    save_compressed(model, tiny_tokenizer, {"method": "flexigpt_extend",
-                                            "structure": result.structure}, tmp_path / "e")
+    save_compressed(model, tiny_tokenizer, manifest_for("flexigpt_extend", result.structure),
+                    tmp_path / "e")
     with torch.no_grad():
         assert torch.equal(load_compressed(tmp_path / "e").model(CALIB).logits,
                            model(CALIB).logits)
@@ -202,8 +202,8 @@ def test_slicegpt_on_opt_slices_counts_reloads_and_decodes(tmp_path, tiny_tokeni
     with torch.no_grad():
         logits = model(input_ids=CALIB).logits
     assert torch.isfinite(logits).all() and not torch.allclose(logits, dense, atol=1e-3)
-    save_compressed(model, tiny_tokenizer, {"method": "slicegpt", "structure": result.structure,
-                                            "info": result.info}, tmp_path / "s")
+    save_compressed(model, tiny_tokenizer, manifest_for("slicegpt", result.structure, result.info),
+                    tmp_path / "s")
     loaded = load_compressed(tmp_path / "s").model
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=CALIB).logits, logits)
@@ -263,8 +263,8 @@ def test_llm_pruner_on_opt_is_exact_and_reloads(tmp_path, tiny_tokenizer):
         out = pruned(input_ids=CALIB).logits
         assert (out - ref(input_ids=CALIB).logits).abs().max().item() < 1e-4
         assert not torch.allclose(out, dense(input_ids=CALIB).logits, atol=1e-3)
-    save_compressed(pruned, tiny_tokenizer, {"method": "llm_pruner",
-                                             "structure": result.structure}, tmp_path / "p")
+    save_compressed(pruned, tiny_tokenizer, manifest_for("llm_pruner", result.structure),
+                    tmp_path / "p")
     loaded = load_compressed(tmp_path / "p").model
     prompt = CALIB[:1, :5]
     with torch.no_grad():
@@ -283,13 +283,13 @@ def test_flexigpt_recovery_on_opt_trains_the_adapters(tmp_path, tiny_tokenizer, 
     model = make_opt()
     with torch.no_grad():
         result = prune_compress(model, None, CALIB, FlexiGPTConfig(ratio=0.3, rank=8))
-    save_compressed(model, tiny_tokenizer, {"method": "flexigpt", "structure": result.structure,
-                                            "info": result.info}, tmp_path / "c")
+    save_compressed(model, tiny_tokenizer, manifest_for("flexigpt", result.structure, result.info),
+                    tmp_path / "c")
     cfg = TrainConfig(tokens=32 * 4 * 3, seq_len=32, micro_batch=2, global_batch=4,
                       eval_windows=2, checkpoint_every=0, bf16="off", warmup=1,
                       recipe="flexigpt", lr=5e-3, gamma_lr=5e-2)
     manifest = train_model(tmp_path / "c", tmp_path / "t", cfg, text_file, text_file)
-    entry = manifest["history"][-1]
+    entry = manifest.history[-1]
     assert entry["trainable"]["trainable_parameters"] == adapter_trainable(model)
     trained = load_compressed(tmp_path / "t").model
     before = dict(model.named_parameters())

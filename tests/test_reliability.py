@@ -9,17 +9,19 @@ import os
 import re
 import stat
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import make_model, without_keys
+from conftest import make_model, manifest_for, without_keys
 from flexigpt.api import compress as api_compress
 from flexigpt.artifacts import (MARKER, VOLATILE_KEYS, CheckpointError, OutputExistsError,
                                 atomic_directory, atomic_write_text, load_compressed,
                                 manifest_hash, save_compressed, sha256_file)
 from flexigpt.cli import main as cli_main
+from flexigpt.manifest import Manifest
 from flexigpt.models.loading import ModelLoadError, load_model
 from flexigpt.registry import get_method
 
@@ -37,8 +39,7 @@ def _flexigpt(tiny_tokenizer, out: Path, **options) -> dict:
         res = spec.compress(model, tiny_tokenizer, None,
                             spec.make_config(**{"ratio": 0.5, "bi_scores": BI, **options}))
     return save_compressed(res.model, tiny_tokenizer,
-                           {"method": "flexigpt", "structure": res.structure, "info": res.info},
-                           out)
+                           manifest_for("flexigpt", res.structure, res.info), out)
 
 
 def _foreign(path: Path) -> Path:
@@ -65,7 +66,7 @@ def _one_error_line(err: str, *words: str) -> None:
 def test_existing_foreign_out_is_refused_and_kept(tiny_model, tiny_tokenizer, tmp_path):
     out = _foreign(tmp_path / "out")
     with pytest.raises(OutputExistsError, match=r"--force") as info:
-        save_compressed(tiny_model, tiny_tokenizer, {"method": "dense", "structure": {}}, out)
+        save_compressed(tiny_model, tiny_tokenizer, manifest_for(), out)
     assert str(out) in str(info.value) and isinstance(info.value, ValueError)
     assert _intact(out)
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no partial left either
@@ -74,20 +75,20 @@ def test_existing_foreign_out_is_refused_and_kept(tiny_model, tiny_tokenizer, tm
             (tmp / "x").write_text("x")
     assert _intact(out)
     # force replaces, atomically
-    save_compressed(tiny_model, tiny_tokenizer, {"method": "dense", "structure": {}}, out,
+    save_compressed(tiny_model, tiny_tokenizer, manifest_for(), out,
                     force=True)
     assert not (out / "notes.txt").exists() and (out / "manifest.json").is_file()
-    assert load_compressed(out).manifest["method"] == "dense"
+    assert load_compressed(out).manifest.method == "dense"
 
 
 def test_previous_output_is_replaced_but_not_user_additions(tiny_model, tiny_tokenizer,
                                                             tmp_path):
     out = tmp_path / "m"
-    save_compressed(tiny_model, tiny_tokenizer, {"method": "dense", "structure": {}}, out)
-    save_compressed(tiny_model, tiny_tokenizer, {"method": "dense", "structure": {}}, out)
+    save_compressed(tiny_model, tiny_tokenizer, manifest_for(), out)
+    save_compressed(tiny_model, tiny_tokenizer, manifest_for(), out)
     (out / "my_notes.txt").write_text("keep me")
     with pytest.raises(OutputExistsError, match="my_notes.txt"):
-        save_compressed(tiny_model, tiny_tokenizer, {"method": "dense", "structure": {}}, out)
+        save_compressed(tiny_model, tiny_tokenizer, manifest_for(), out)
     assert (out / "my_notes.txt").read_text() == "keep me"
     # an export must not replace a saved model (another kind of output)
     (out / "my_notes.txt").unlink()
@@ -131,7 +132,7 @@ def test_partials_of_interrupted_saves_are_cleaned(tiny_model, tmp_path):
         (p / "model.safetensors").write_bytes(b"0" * 100)
     other = tmp_path / ".n.partial-999999999-abcd"  # another output's partial: not ours
     other.mkdir()
-    save_compressed(tiny_model, None, {"method": "dense", "structure": {}}, out)
+    save_compressed(tiny_model, None, manifest_for(), out)
     assert not dead.exists() and not legacy.exists()
     assert alive.exists() and other.exists() and out.is_dir()
 
@@ -140,7 +141,7 @@ def test_partials_of_interrupted_saves_are_cleaned(tiny_model, tmp_path):
 def test_outputs_follow_the_umask(tiny_model, tiny_tokenizer, tmp_path, mask):
     before = os.umask(mask)
     try:
-        save_compressed(tiny_model, tiny_tokenizer, {"method": "dense", "structure": {}},
+        save_compressed(tiny_model, tiny_tokenizer, manifest_for(),
                         tmp_path / "m")
         atomic_write_text(tmp_path / "r.json", "{}")
     finally:
@@ -180,10 +181,11 @@ def test_identical_compress_runs_are_byte_identical(tiny_checkpoint, text_file, 
     assert _strip(ma) == _strip(mb)  # only timestamps / timings may differ
     assert ma["weights"]["sha256"] == mb["weights"]["sha256"]
     assert ma["weights"]["shared"] and "config.json" in ma["files"]
-    assert manifest_hash(ma) == manifest_hash(mb) == manifest_hash(manifests[0])
-    assert manifest_hash({**ma, "created": "x"}) == manifest_hash(ma)
-    assert manifest_hash({**ma, "structure": {**ma["structure"], "prenorm": "share"}}) != \
-        manifest_hash(ma)
+    ta, tb = Manifest.from_dict(ma), Manifest.from_dict(mb)
+    assert manifest_hash(ta) == manifest_hash(tb) == manifest_hash(manifests[0])
+    assert manifest_hash(replace(ta, created="x")) == manifest_hash(ta)
+    assert manifest_hash(replace(ta, structure={**ta.structure, "prenorm": "share"})) != \
+        manifest_hash(ta)
 
 
 def test_edited_manifest_structure_is_refused(tiny_tokenizer, tmp_path):
@@ -244,7 +246,7 @@ def test_rank_too_large_names_the_largest_useful_rank(tiny_checkpoint, text_file
     manifest = api_compress("flexigpt", tiny_checkpoint, tmp_path / "ok",
                             options={"ratio": 0.5, "rank": best, "bi_scores": BI},
                             calibration=str(text_file), n_calibration=2, calibration_seq_len=16)
-    assert 0 < manifest["parameters"]["achieved_ratio"]
+    assert 0 < manifest.parameters.achieved_ratio
     out = tmp_path / "big"
     assert cli_main(["compress", "--method", "flexigpt", "--model", str(tiny_checkpoint),
                      "--out", str(out), "--rank", "5000", "--calibration", str(text_file)]) == 2
@@ -258,7 +260,7 @@ def test_rank_too_large_names_the_largest_useful_rank(tiny_checkpoint, text_file
     ('{"structure": {}}', ["'method'"]), ('{"method": "dense"}', ["'structure'"])])
 def test_bad_manifest_is_one_line(tiny_model, tmp_path, capsys, text, words):
     out = tmp_path / "m"
-    save_compressed(tiny_model, None, {"method": "dense", "structure": {}}, out)
+    save_compressed(tiny_model, None, manifest_for(), out)
     (out / "manifest.json").write_text(text)
     with pytest.raises(CheckpointError):
         load_compressed(out)
@@ -342,7 +344,7 @@ def test_train_resaves_over_its_previous_output(tiny_checkpoint, text_file, tmp_
     assert cli_main(args) == 0  # its own previous output (log and curve included): replaced
     again = json.loads((out / "manifest.json").read_text())
     assert again["weights"]["sha256"] == first["weights"]["sha256"]
-    assert manifest_hash(again) == manifest_hash(first)
+    assert manifest_hash(Manifest.from_dict(again)) == manifest_hash(Manifest.from_dict(first))
     assert (out / "train_log.csv").is_file() and load_compressed(out).manifest is not None
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from conftest import make_model
+from conftest import make_model, manifest_for
 from flexigpt.api import compress as api_compress
 from flexigpt.artifacts import load_compressed, save_compressed
 from flexigpt.calibration import token_windows
@@ -115,8 +115,8 @@ def test_lora_rank_override():
 def test_save_reload_roundtrip(tmp_path, tiny_tokenizer):
     model = make_model(layers=6, heads=4, kv_heads=2)
     res = _run("shortgpt", model, ratio=0.3)
-    save_compressed(res.model, tiny_tokenizer, {"method": "shortgpt",
-                                                "structure": res.structure}, tmp_path / "m")
+    save_compressed(res.model, tiny_tokenizer, manifest_for("shortgpt", res.structure),
+                    tmp_path / "m")
     loaded = load_compressed(tmp_path / "m")
     ids = torch.tensor([[0, 5, 9, 200, 31]])
     assert loaded.model.config.num_hidden_layers == 6 - res.info["k"]
@@ -128,10 +128,10 @@ def test_api_compress_lora(tmp_path, tiny_checkpoint, text_file):
     manifest = api_compress("shortgpt_lora", str(tiny_checkpoint), out,
                             options={"ratio": 0.3}, calibration=str(text_file),
                             n_calibration=4, calibration_seq_len=32)
-    assert manifest["info"]["recovery"]["recipe"] == "lora"
-    assert manifest["config"]["policy"] == "matched"
+    assert manifest.info["recovery"]["recipe"] == "lora"
+    assert manifest.config["policy"] == "matched"
     loaded = load_compressed(out)
-    assert loaded.manifest["method"] == "shortgpt_lora"
+    assert loaded.manifest.method == "shortgpt_lora"
     dense = make_model()
     windows = token_windows(text_file, loaded.tokenizer, 32, 4, 0)
     with torch.no_grad():

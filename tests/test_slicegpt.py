@@ -12,7 +12,7 @@ from baselines.slicegpt.fusion import fuse_model, is_tied
 from baselines.slicegpt.method import METHOD, compress
 from baselines.slicegpt.pca import SecondMoment
 from baselines.slicegpt.rotate import rotate_and_slice
-from conftest import make_model
+from conftest import make_model, manifest_for
 from flexigpt.artifacts import load_compressed, save_compressed
 from flexigpt.calibration import token_windows
 from flexigpt.models.adapters import get_adapter
@@ -205,8 +205,7 @@ def test_reload_gives_identical_logits(tmp_path, tiny_tokenizer, text_file):
                           SliceGPTConfig(ratio=0.3, head=head, round_to=2, tolerance=0.03))
         out = tmp_path / head
         save_compressed(result.model, tiny_tokenizer,
-                        {"method": "slicegpt", "structure": result.structure, "info": result.info},
-                        out)
+                        manifest_for("slicegpt", result.structure, result.info), out)
         loaded = load_compressed(out)
         ids = windows[:2]
         assert torch.equal(loaded.model(input_ids=ids).logits, result.model(input_ids=ids).logits)
@@ -282,7 +281,7 @@ def test_random_orientation_and_registry():
     assert _sliced(recovery="none")[0].info["recovery"] == {"recipe": "none"}
     from flexigpt.training import TrainConfig, resolve_plan  # the shared trainer reads the recipe
 
-    plan = resolve_plan(TrainConfig(), {"method": "slicegpt", "info": result.info})
+    plan = resolve_plan(TrainConfig(), manifest_for("slicegpt", info=result.info))
     assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lr) == \
         ("lora", 32, 10.0, 0.05, 2e-4)
     assert plan.lora_targets == tuple(result.info["recovery"]["lora_targets"])

@@ -50,12 +50,12 @@ def test_stop_at_the_rung_then_continue_equals_one_run(tiny_checkpoint, text_fil
     assert not out.exists() and checkpoint_dir(out).exists()  # only the checkpoint
     state = json.loads((checkpoint_dir(out) / "state.json").read_text())
     assert state["step"] == 3 and state["log"][-1]["ppl"] == rung["ppl"]
-    assert rung["ppl_before"] == whole["history"][-1]["ppl_before"]
+    assert rung["ppl_before"] == whole.history[-1]["ppl_before"]
     with pytest.raises(CheckpointError, match="past the requested stop"):
         train_model(tiny_checkpoint, out, cfg, text_file, text_file, stop_step=2)
     done = train_model(tiny_checkpoint, out, cfg, text_file, text_file)
-    assert done["history"][-1]["resumed_from_step"] == 3
-    assert done["history"][-1]["final_ppl"] == whole["history"][-1]["final_ppl"]
+    assert done.history[-1]["resumed_from_step"] == 3
+    assert done.history[-1]["final_ppl"] == whole.history[-1]["final_ppl"]
     assert _same(_weights(tmp_path / "a"), _weights(out))
     assert not checkpoint_dir(out).exists()
 
@@ -96,7 +96,7 @@ def test_sweep_scores_the_shared_start_once(tiny_checkpoint, text_file, tmp_path
     assert len(calls) == 3  # step 0 once, then each trial at the rung (final: the runner)
     before = {t["tune_ppl_before"] for t in selection["trials"]}
     ref = train_model(tiny_checkpoint, tmp_path / "ref", small(), text_file, text_file)
-    assert before == {ref["history"][-1]["ppl_before"]}
+    assert before == {ref.history[-1]["ppl_before"]}
     ranks = [small(lora_rank=4), small(lora_rank=2)]  # other adapters: another start
     calls.clear()
     run_sweep(tiny_checkpoint, tmp_path / "r", ranks, [{"r": 4}, {"r": 2}], text_file,

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from conftest import manifest_for
 from flexigpt.artifacts import CheckpointError, load_compressed
 from flexigpt.cli import main
 from flexigpt.training import TrainConfig, TrainingDivergedError, resolve_plan, train_loaded
@@ -72,8 +73,8 @@ def test_flexigpt_recipe_trains_adapters_only(flexigpt_dir, text_file, tmp_path)
     before = {k: v.clone() for k, v in loaded.model.state_dict().items()}
     out = tmp_path / "trained"
     manifest = train_loaded(loaded, out, small(tokens=32 * 4 * 12, lr=1e-2), text_file, text_file)
-    entry = manifest["history"][-1]
-    assert manifest["method"] == "flexigpt" and entry["recipe"] == "flexigpt"
+    entry = manifest.history[-1]
+    assert manifest.method == "flexigpt" and entry["recipe"] == "flexigpt"
     assert entry["plan"]["sources"]["recipe"] == "manifest" and entry["steps"] == 12
     adapters = sum(p.numel() for n, p in loaded.model.named_parameters()
                    if _leaf(n) in ADAPTER_PARAMS)
@@ -86,12 +87,12 @@ def test_flexigpt_recipe_trains_adapters_only(flexigpt_dir, text_file, tmp_path)
     assert changed and all(_leaf(k) in ADAPTER_PARAMS for k in changed)  # frozen = bit-equal
     reloaded = load_compressed(out)
     assert torch.equal(reloaded.model(IDS).logits, loaded.model(IDS).logits)
-    assert reloaded.manifest["structure"] == load_compressed(flexigpt_dir).manifest["structure"]
+    assert reloaded.manifest.structure == load_compressed(flexigpt_dir).manifest.structure
 
 
 def test_flexigpt_lora_other_blocks_skips_shared_bases(flexigpt_dir):
     loaded = load_compressed(flexigpt_dir)
-    structure = loaded.manifest["structure"]
+    structure = loaded.manifest.structure
     replaced = {int(i) for i in structure["base_map"]}
     bases = set(structure["base_map"].values())
     plan = resolve_plan(TrainConfig(lora_other_blocks=True, lora_rank=2), loaded.manifest)
@@ -110,15 +111,15 @@ def test_lora_recipe_merges_and_reloads_identically(tiny_checkpoint, text_file, 
     out = tmp_path / "lora"
     manifest = train_loaded(loaded, out, small(recipe="lora", lora_rank=4, lora_alpha=8,
                                                lr=1e-2), text_file, text_file)
-    entry = manifest["history"][-1]
-    assert manifest["method"] == "dense" and entry["lora_merged"] == 28  # 4 blocks × 7
+    entry = manifest.history[-1]
+    assert manifest.method == "dense" and entry["lora_merged"] == 28  # 4 blocks × 7
     assert not any(isinstance(m, RecoveryLoRALinear) for m in loaded.model.modules())
     after = loaded.model.state_dict()
     assert set(after) == set(before)
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.endswith("proj.weight") for k in changed)
     reloaded = load_compressed(out)
-    assert reloaded.manifest["method"] == "dense"
+    assert reloaded.manifest.method == "dense"
     assert torch.equal(reloaded.model(IDS).logits, loaded.model(IDS).logits)
     rows = read_log(out)
     assert tuple(rows[0]) == LOG_COLUMNS
@@ -154,7 +155,7 @@ def test_resume_is_exact(tiny_checkpoint, text_file, tmp_path):
     resumed: dict[int, float] = {}
     manifest = train_model(tiny_checkpoint, out, cfg, text_file, text_file,
                            on_step=lambda s, loss: resumed.__setitem__(s, loss))
-    entry = manifest["history"][-1]
+    entry = manifest.history[-1]
     assert entry["resumed_from_step"] == 2
     # the tune-split perplexity is taken in the loop's compute dtype, start and end alike
     assert entry["eval_dtype"] == ("bfloat16" if entry["bf16"] else "float32")
@@ -187,8 +188,8 @@ def test_nan_loss_names_step_and_keeps_checkpoint(tiny_checkpoint, text_file, tm
     # the intact checkpoint resumes (without the poison) and finishes
     manifest = train_loaded(load_compressed(tiny_checkpoint), out, cfg, text_file, None,
                             source={"model": "x"})
-    assert manifest["history"][-1]["resumed_from_step"] == 3
-    assert manifest["history"][-1]["steps"] == cfg.steps() == 12
+    assert manifest.history[-1]["resumed_from_step"] == 3
+    assert manifest.history[-1]["steps"] == cfg.steps() == 12
 
 
 def test_checkpoint_from_other_settings_is_refused(tiny_checkpoint, text_file, tmp_path):
@@ -214,18 +215,18 @@ def test_config_validation(bad, field):
 
 
 def test_plan_resolution_order():
-    manifest = {"method": "dense", "info": {"recovery": {"recipe": "lora", "rank": 8,
-                                                         "alpha": 16, "lr": 1e-4}}}
+    manifest = manifest_for(info={"recovery": {"recipe": "lora", "rank": 8, "alpha": 16,
+                                               "lr": 1e-4}})
     plan = resolve_plan(TrainConfig(), manifest)
     assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lr) == ("lora", 8, 16.0, 1e-4)
     assert plan.sources["lora_rank"] == "manifest"
     plan = resolve_plan(TrainConfig(lr=1e-3, lora_rank=2), manifest)
     assert (plan.lr, plan.lora_rank, plan.sources["lr"]) == (1e-3, 2, "config")
-    plan = resolve_plan(TrainConfig(), {"method": "dense"})
+    plan = resolve_plan(TrainConfig(), manifest_for())
     assert plan.recipe == "none" and plan.sources["recipe"] == "method"
-    assert resolve_plan(TrainConfig(recipe="full"), {"method": "dense"}).lr == 1e-4
+    assert resolve_plan(TrainConfig(recipe="full"), manifest_for()).lr == 1e-4
     with pytest.raises(ValueError, match="lora_other_blocks"):
-        resolve_plan(TrainConfig(recipe="lora", lora_other_blocks=True), {"method": "dense"})
+        resolve_plan(TrainConfig(recipe="lora", lora_other_blocks=True), manifest_for())
 
 
 def test_recovery_recipe_is_typed_and_reads_old_manifests():
@@ -262,7 +263,7 @@ def test_warmup_has_a_floor_capped_at_half_the_run():
 
 def test_none_recipe_saves_unchanged(tiny_checkpoint, text_file, tmp_path):
     manifest = train_model(tiny_checkpoint, tmp_path / "n", small(), text_file, text_file)
-    entry = manifest["history"][-1]
+    entry = manifest.history[-1]
     assert entry["recipe"] == "none" and entry["steps"] == 0 and entry["tokens"] == 0
     assert entry["final_ppl"] == entry["ppl_before"] > 1
     a = load_compressed(tiny_checkpoint).model.state_dict()

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                         calibration=args.calibration, n_calibration=args.n_calibration,
                         calibration_seq_len=args.seq_len, seed=args.seed, dtype=args.dtype,
                         force=args.force, device=args.device)
-    p = manifest["parameters"]
-    print(f"{args.method}: {p['compressed']:,} / {p['dense']:,} parameters "
-          f"(achieved ratio {p['achieved_ratio']:.4f}) -> {args.out}")
+    p = manifest.parameters
+    print(f"{args.method}: {p.compressed:,} / {p.dense:,} parameters "
+          f"(achieved ratio {p.achieved_ratio:.4f}) -> {args.out}")
     return 0

@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     manifest = compress("flexigpt_extend", args.model, args.out, options=options,
                         seed=args.seed, dtype=args.dtype, force=args.force,
                         device=args.device)
-    p = manifest["parameters"]
-    print(f"flexigpt_extend: {manifest['info']['original_layers']} -> "
-          f"{manifest['info']['layers']} blocks, {p['compressed']:,} / {p['dense']:,} parameters "
-          f"({100 * (p['compressed'] / p['dense'] - 1):+.2f}%) -> {args.out}")
+    p, info = manifest.parameters, manifest.info
+    print(f"flexigpt_extend: {info['original_layers']} -> {info['layers']} blocks, "
+          f"{p.compressed:,} / {p.dense:,} parameters "
+          f"({100 * (p.compressed / p.dense - 1):+.2f}%) -> {args.out}")
     return 0

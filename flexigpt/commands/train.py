@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not is_main_process():
         return 0
-    h = manifest["history"][-1]
-    print(f"{manifest['method']} / recipe {h['recipe']}: {h['steps']} steps, {h['tokens']:,} "
+    h = manifest.history[-1]
+    print(f"{manifest.method} / recipe {h['recipe']}: {h['steps']} steps, {h['tokens']:,} "
           f"tokens, {h['trainable']['trainable_parameters']:,} trainable parameters; "
           f"held-out ppl {h['ppl_before']} -> {h['final_ppl']} ({h['train_seconds']:.1f}s, "
           f"{h['tokens_per_second']} tok/s) -> {args.out}")

@@ -45,11 +45,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flexigpt import faults
 from flexigpt.evaluation.tasks import PAPER_TASKS, task_specs
 from flexigpt.evaluation.zeroshot import BACKENDS, lm_config, make_lm, run_tasks
+
+if TYPE_CHECKING:
+    from flexigpt.manifest import Manifest
 
 log = logging.getLogger(__name__)
 SCHEMA = 1
@@ -150,20 +153,20 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
     if manifest is None:
         params = {"dense": compressed, "compressed": compressed, "achieved_ratio": 0.0}
     else:
-        stored = manifest.get("parameters") or {}
-        params = {"dense": stored.get("dense"), "compressed": compressed,
-                  "achieved_ratio": stored.get("achieved_ratio")}
-        if stored.get("compressed") not in (None, compressed):
+        stored = manifest.parameters
+        params = {"dense": stored.dense, "compressed": compressed,
+                  "achieved_ratio": stored.achieved_ratio}
+        if stored.compressed != compressed:
             log.warning("manifest says %s parameters, the loaded model has %d",
-                        stored.get("compressed"), compressed)
+                        stored.compressed, compressed)
     result: dict[str, Any] = {
         "schema": SCHEMA, "model_dir": str(model_dir_or_spec),
-        "method": manifest["method"] if manifest else "dense",
+        "method": manifest.method if manifest else "dense",
         "manifest_hash": manifest_hash(manifest) if manifest else None,
         "num_layers": int(model.config.num_hidden_layers), "parameters": params,
         "device": str(device),
-        "trained_tokens": sum(int(h.get("tokens") or 0) for h in (manifest or {}).get(
-            "history", []) if h.get("stage") == "train"),
+        "trained_tokens": sum(int(h.get("tokens") or 0)
+                              for h in (manifest.trainings() if manifest else [])),
         "blocks_pruned": blocks_pruned(manifest), "recovery": recovery_summary(
             manifest, model_dir_or_spec),
         "perplexity": None, "tasks": {},
@@ -194,16 +197,16 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
     return result
 
 
-def blocks_pruned(manifest: dict[str, Any] | None) -> int | None:
+def blocks_pruned(manifest: Manifest | None) -> int | None:
     """Blocks a block-removal method took out or replaced (its ``info.k``), else None."""
-    k = ((manifest or {}).get("info") or {}).get("k")
+    k = manifest.info.get("k") if manifest else None
     return int(k) if isinstance(k, int) and not isinstance(k, bool) else None
 
 
-def recovery_summary(manifest: dict[str, Any] | None,
+def recovery_summary(manifest: Manifest | None,
                      model_dir: str | os.PathLike) -> dict[str, Any] | None:
     """What the last training of the model spent and chose (None: never trained)."""
-    trains = [h for h in (manifest or {}).get("history", []) if h.get("stage") == "train"]
+    trains = manifest.trainings() if manifest else []
     if not trains:
         return None
     last = trains[-1]

@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flexigpt.manifest import Manifest
 
 CARD = "README.md"
 
@@ -38,8 +41,8 @@ def _num(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def _structure_lines(method: str, manifest: dict[str, Any]) -> list[str]:
-    s, info = manifest.get("structure") or {}, manifest.get("info") or {}
+def _structure_lines(method: str, manifest: Manifest) -> list[str]:
+    s, info = manifest.structure, manifest.info
     params = info.get("params") or {}
     if method == "flexigpt":
         pairs = ", ".join(f"{i}←{j}" for i, j in sorted((s.get("base_map") or {}).items(),
@@ -75,11 +78,10 @@ def _structure_lines(method: str, manifest: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _recovery_lines(manifest: dict[str, Any]) -> list[str]:
-    trained = [h for h in manifest.get("history") or [] if h.get("stage") == "train"
-               or "tokens" in h]
+def _recovery_lines(manifest: Manifest) -> list[str]:
+    trained = [h for h in manifest.history if h.get("stage") == "train" or "tokens" in h]
     if not trained:
-        recipe = ((manifest.get("info") or {}).get("recovery") or {}).get("recipe")
+        recipe = (manifest.info.get("recovery") or {}).get("recipe")
         return [f"- none: one-shot compression (the method's recovery recipe: {recipe})"]
     out = []
     for h in trained:
@@ -158,17 +160,15 @@ def write_model_card(model_dir: str | os.PathLike,
     result = None
     if result_json is not None:
         result = json.loads(Path(result_json).read_text(encoding="utf-8"))
-    method = manifest.get("method", "?")
+    method = manifest.method
     spec = compression_spec(model_dir)
     remote = None if spec is None else bool(spec.get("remote_code"))
-    params = manifest.get("parameters") or {}
-    cfg = manifest.get("config") or {}
+    params, cfg = manifest.parameters, manifest.config
     try:
         layers = json.loads((model_dir / "config.json").read_text()).get("num_hidden_layers")
     except (OSError, json.JSONDecodeError):
         layers = None
-    base = manifest.get("base_model")
-    prov = manifest.get("provenance") or manifest
+    base = manifest.base_model
     lines = ["---", "library_name: transformers", "tags:", "- flexigpt-bench",
              f"- {method}", "---", "",
              f"# {method} · {base or 'unknown base model'}", "",
@@ -177,28 +177,26 @@ def write_model_card(model_dir: str | os.PathLike,
              f"| method | `{method}` |",
              f"| base model | `{base}` |",
              f"| requested ratio | {_num(cfg.get('ratio'))} (policy {cfg.get('policy', '–')}) |",
-             f"| achieved ratio | {_num(params.get('achieved_ratio'))} "
+             f"| achieved ratio | {_num(params.achieved_ratio)} "
              "(1 − params/dense, shared storage once) |",
-             f"| parameters | {_num(params.get('compressed'))} of {_num(params.get('dense'))} |",
+             f"| parameters | {_num(params.compressed)} of {_num(params.dense)} |",
              f"| layers | {_num(layers)} |",
              f"| stock architecture | {'yes' if spec is None else 'no'} |", "",
              "## What is shared or removed", "", *_structure_lines(method, manifest), "",
              "## Recovery training", "", *_recovery_lines(manifest), ""]
     if result is not None:
         lines += ["## Scores", "", *_score_lines(result), ""]
-    calib = manifest.get("calibration") or {}
-    versions = prov.get("versions") or {}
+    calib, versions = manifest.calibration, manifest.versions
+    sha = manifest.weights.sha256 if manifest.weights is not None else "–"
     lines += ["## Loading", "", *_load_lines(remote), "",
               "## Provenance", "",
-              f"- created {manifest.get('created', '–')}, seed {manifest.get('seed', '–')}, "
-              f"dtype {manifest.get('dtype', '–')}",
-              f"- code version {prov.get('code_version', '–')}, git commit "
-              f"{prov.get('git_commit', '–')}",
+              f"- created {manifest.created}, seed {manifest.seed}, dtype {manifest.dtype}",
+              f"- code version {manifest.code_version}, git commit {manifest.git_commit}",
               f"- packages: {', '.join(f'{k} {v}' for k, v in versions.items()) or '–'}",
-              f"- calibration: {calib.get('n_windows', '–')} × {calib.get('seq_len', '–')} "
-              f"tokens of `{calib.get('file', '–')}`" if calib else "- calibration: none",
+              f"- calibration: {calib.n_windows} × {calib.seq_len} tokens of `{calib.file}`"
+              if calib is not None else "- calibration: none",
               f"- options: `{json.dumps(cfg, sort_keys=True)}`",
-              f"- weights sha256 {(manifest.get('weights') or {}).get('sha256', '–')}",
+              f"- weights sha256 {sha}",
               "- full record: `manifest.json`", ""]
     path = model_dir / CARD
     atomic_write_text(path, "\n".join(lines))

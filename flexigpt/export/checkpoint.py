@@ -23,12 +23,15 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from flexigpt.export import modeling_flexigpt_compressed as standalone
+
+if TYPE_CHECKING:
+    from flexigpt.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +156,7 @@ def compression_spec(model_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def make_self_contained(model_dir: str | os.PathLike, model: nn.Module,
-                        manifest: dict[str, Any]) -> dict[str, Any] | None:
+                        manifest: Manifest) -> dict[str, Any] | None:
     """Rewrite ``model_dir/config.json`` (written by ``config.save_pretrained``) so stock
     transformers either loads the model exactly (remote code) or refuses it.
 
@@ -170,7 +173,7 @@ def make_self_contained(model_dir: str | os.PathLike, model: nn.Module,
             path.write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
         return None
     base_type = config_dict.get("model_type")
-    spec = {"format": FORMAT, "method": manifest["method"], "structure": manifest["structure"],
+    spec = {"format": FORMAT, "method": manifest.method, "structure": manifest.structure,
             "base_model_type": base_type, "base_architectures": config_dict.get("architectures"),
             "not_plain": reason}
     out = {**config_dict, "model_type": MODEL_TYPE, KEY: spec}

@@ -107,8 +107,8 @@ def plain_model(loaded: Any, unshare: bool = False) -> tuple[nn.Module, str]:
     from flexigpt.artifacts import empty_model
     from flexigpt.export.checkpoint import plain_mismatch
 
-    model, manifest = loaded.model, loaded.manifest or {}
-    method, s = manifest.get("method", "dense"), manifest.get("structure") or {}
+    model, manifest = loaded.model, loaded.manifest
+    method, s = (manifest.method, manifest.structure) if manifest else ("dense", {})
     reason = plain_mismatch(model)
     if reason is None:
         return model, "already a stock checkpoint: copied"
@@ -122,7 +122,7 @@ def plain_model(loaded: Any, unshare: bool = False) -> tuple[nn.Module, str]:
                 "does not have; no plain checkpoint computes the same function (models "
                 "compressed with output_norm=false can be exported with --unshare)")
         if not unshare:
-            dense = (manifest.get("parameters") or {}).get("dense")
+            dense = manifest.parameters.dense
             raise NotExportable(
                 f"{method} blocks share their base block's linears (W_base + B·A); a plain "
                 "checkpoint must store every block's merged weight, which gives up the "
@@ -191,7 +191,7 @@ def export_plain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         manifest = loaded.manifest
         record = {"source": str(model_dir.resolve()),
                   "source_manifest_hash": manifest_hash(manifest) if manifest else None,
-                  "method": (manifest or {}).get("method", "dense"), "how": how,
+                  "method": manifest.method if manifest else "dense", "how": how,
                   "architecture": type(back).__name__, "dtype": dtype,
                   "parameters": count_parameters(back),
                   "source_parameters": count_parameters(loaded.model),

@@ -5,7 +5,7 @@ open (``None``) from the input model's manifest (``info.recovery``, written by t
 that produced it) or from the method's registered default recipe, and records where each
 value came from.
 
-``manifest["info"]["recovery"]`` is a :class:`flexigpt.registry.RecoveryRecipe` (the method's
+``manifest.info["recovery"]`` is a :class:`flexigpt.registry.RecoveryRecipe` (the method's
 recipe: ``recipe``, ``lr``, ``gamma_lr``, ``lora_rank``, ``lora_alpha``, ``lora_dropout``,
 ``lora_targets``; all optional).
 """
@@ -15,7 +15,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flexigpt.manifest import Manifest
 
 #: Trainable-set recipes understood by :func:`flexigpt.training.recipes.apply_recipe`.
 RECIPES = ("flexigpt", "lora", "full", "none")
@@ -222,7 +225,7 @@ class TrainPlan:
         return out
 
 
-def resolve_plan(cfg: TrainConfig, manifest: dict[str, Any]) -> TrainPlan:
+def resolve_plan(cfg: TrainConfig, manifest: Manifest) -> TrainPlan:
     """Fill the config's open choices from ``manifest`` and the method registry.
 
     Raises:
@@ -231,7 +234,7 @@ def resolve_plan(cfg: TrainConfig, manifest: dict[str, Any]) -> TrainPlan:
     """
     from flexigpt.registry import RecoveryRecipe, get_method
 
-    recovery = RecoveryRecipe.from_info(manifest.get("info")) or RecoveryRecipe(recipe=None)
+    recovery = RecoveryRecipe.from_info(manifest.info) or RecoveryRecipe(recipe=None)
     sources: dict[str, str] = {}
 
     def pick(name: str, value: Any, default: Any) -> Any:
@@ -247,7 +250,7 @@ def resolve_plan(cfg: TrainConfig, manifest: dict[str, Any]) -> TrainPlan:
 
     recipe = pick("recipe", cfg.recipe, None)
     if recipe is None:
-        recipe = get_method(manifest["method"]).recovery
+        recipe = get_method(manifest.method).recovery
         sources["recipe"] = "method"
     if recipe not in RECIPES:
         raise ValueError(f"recipe {recipe!r} (from the {sources['recipe']}) is not one of "

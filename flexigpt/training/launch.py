@@ -64,19 +64,22 @@ def processes_for(explicit: int | None, gpus: int) -> int:
     return 1
 
 
-def launch_command(spec: str | os.PathLike, processes: int) -> list[str]:
-    """The ``accelerate launch`` command line that runs ``spec`` on ``processes`` processes
-    (one per GPU; gloo on the CPU when no GPU is visible)."""
+def accelerate_launch(processes: int) -> list[str]:
+    """``accelerate launch`` and its flags for ``processes`` processes on this machine (one
+    per GPU; gloo on the CPU when no GPU is visible); the program and its arguments follow."""
     if processes < 2:
         raise ValueError(f"a launched sweep needs at least 2 processes, got {processes}")
     launcher = Path(sys.executable).with_name("accelerate")
-    head = [str(launcher)] if launcher.exists() else [sys.executable, "-m",
-                                                     "accelerate.commands.launch"]
-    if launcher.exists():
-        head.append("launch")
+    head = ([str(launcher), "launch"] if launcher.exists()
+            else [sys.executable, "-m", "accelerate.commands.launch"])
     return [*head, "--num_processes", str(processes), "--num_machines", "1", "--multi_gpu",
-            "--mixed_precision", "no", "--dynamo_backend", "no",
-            "-m", "flexigpt.training.launch", str(spec)]
+            "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def launch_command(spec: str | os.PathLike, processes: int) -> list[str]:
+    """The command line that runs the sweep ``spec`` (a JSON file) on ``processes``
+    processes: :func:`accelerate_launch` of this module's :func:`main`."""
+    return [*accelerate_launch(processes), "-m", "flexigpt.training.launch", str(spec)]
 
 
 def run_launched(spec: dict[str, Any], processes: int, threads: int | None = None) -> None:
@@ -94,12 +97,12 @@ def run_launched(spec: dict[str, Any], processes: int, threads: int | None = Non
         subprocess.run(launch_command(path, processes), check=True, env=env)
 
 
-def run_spec(path: str | os.PathLike) -> dict[str, Any]:
-    """Run the sweep a spec file describes in this process (one of the launched ones)."""
+def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the sweep ``spec`` describes (:data:`SPEC_KEYS`: the :func:`run_sweep` arguments,
+    configs as dicts) in this process: the one-process job, or one of the launched ones."""
     from flexigpt.training.config import TrainConfig
     from flexigpt.training.tuning import run_sweep
 
-    spec = json.loads(Path(path).read_text())
     configs = [TrainConfig(**c) for c in spec["configs"]]
     return run_sweep(spec["model"], spec["out"], configs, spec["points"], text=spec["text"],
                      tune=spec["tune"], meta=spec["meta"], rung=spec["rung"],
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m flexigpt.training.launch SPEC.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    run_spec(args[0])
+    run_spec(json.loads(Path(args[0]).read_text()))
     return 0
 
 

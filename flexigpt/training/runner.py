@@ -16,7 +16,7 @@ from flexigpt.artifacts import LoadedModel, atomic_directory, load_compressed, m
 from flexigpt.artifacts import save_compressed
 from flexigpt.calibration import token_windows
 from flexigpt.devices import model_device
-from flexigpt.manifest import new_manifest
+from flexigpt.manifest import Manifest
 from flexigpt.params import count_parameters
 from flexigpt.perplexity import perplexity
 from flexigpt.provenance import code_version, setup_run
@@ -63,7 +63,7 @@ def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: T
                 on_step: StepHook | None = None,
                 teacher: str | os.PathLike | None = None,
                 stop_step: int | None = None,
-                memo: SweepMemo | None = None) -> dict[str, Any]:
+                memo: SweepMemo | None = None) -> Manifest | dict[str, Any]:
     """Load ``model_dir`` (any method's output, or a plain HF checkpoint = method ``dense``),
     train it per ``cfg`` on ``text`` and save it to ``out_dir``.
 
@@ -101,7 +101,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
                  on_step: StepHook | None = None,
                  teacher: torch.nn.Module | None = None,
                  stop_step: int | None = None,
-                 memo: SweepMemo | None = None) -> dict[str, Any]:
+                 memo: SweepMemo | None = None) -> Manifest | dict[str, Any]:
     """:func:`train_model` for a model already in memory (trained in place).
 
     ``source`` identifies the input model in the resume fingerprint; a checkpoint in
@@ -124,7 +124,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
                           "lora": report.lora_injected})
     ckpt = checkpoint_dir(out_dir)
     log.info("training %s (%s) with recipe %s for %d steps (%d tokens/step), lr %.3g",
-             manifest["method"], (source or {}).get("model"), plan.recipe, cfg.steps(),
+             manifest.method, (source or {}).get("model"), plan.recipe, cfg.steps(),
              cfg.global_batch * cfg.seq_len, plan.lr)
 
     result = None
@@ -170,10 +170,10 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
         "log": LOG_FILE, "curve": CURVE_FILE, "code_version": code_version(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    out_manifest = {**manifest, "history": [*manifest.get("history", []), entry]}
+    out_manifest = manifest.with_history(entry)
     if main:
         out_manifest = _save(model, tokenizer, out_manifest, state.log, out_dir,
-                             title=f"{manifest['method']} · recipe {plan.recipe}")
+                             title=f"{manifest.method} · recipe {plan.recipe}")
         if not cfg.keep_checkpoint:
             remove_checkpoint(ckpt)
     log.info("trained %d steps, %d tokens in %.1fs; held-out ppl %s -> %s",
@@ -192,16 +192,16 @@ def rung_record(state: TrainState, cfg: TrainConfig, plan: dict[str, Any],
             "train_seconds": round(state.train_seconds, 3)}
 
 
-def dense_manifest(model: torch.nn.Module, base: str | None, seed: int) -> dict[str, Any]:
+def dense_manifest(model: torch.nn.Module, base: str | None, seed: int) -> Manifest:
     """Manifest for a plain HF checkpoint: the ``dense`` method, nothing removed."""
     n = count_parameters(model)
-    return new_manifest("dense", config={}, base_model=base, structure={}, info={},
+    return Manifest.new("dense", config={}, base_model=base, structure={}, info={},
                         dense_params=n, compressed_params=n, calibration=None, seed=seed,
                         dtype="float32")
 
 
-def _save(model: torch.nn.Module, tokenizer: Any, manifest: dict[str, Any],
-          rows: list[dict[str, Any]], out_dir: str | os.PathLike, title: str) -> dict[str, Any]:
+def _save(model: torch.nn.Module, tokenizer: Any, manifest: Manifest,
+          rows: list[dict[str, Any]], out_dir: str | os.PathLike, title: str) -> Manifest:
     """Model + manifest + log + curve, all appearing at ``out_dir`` together."""
     with atomic_directory(out_dir) as staged:
         saved = save_compressed(model, tokenizer, manifest, staged)

@@ -23,11 +23,14 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flexigpt import faults
-from flexigpt.artifacts import atomic_directory, atomic_write_text
+from flexigpt.artifacts import CheckpointError, atomic_directory, atomic_write_text, read_manifest
 from flexigpt.training.launch import barrier, is_main_process, shared
+
+if TYPE_CHECKING:
+    from flexigpt.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +41,9 @@ SELECTION_FILE = "selection.json"
 SCHEMA = 1
 
 
-def trial_record(manifest: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
+def trial_record(manifest: Manifest, point: dict[str, Any]) -> dict[str, Any]:
     """The ``trial.json`` of a finished trial, from the trained model's manifest."""
-    entry = manifest["history"][-1]
+    entry = manifest.history[-1]
     return {**_scored(point, entry["plan"], entry["trainable"], entry["final_ppl"],
                       entry["ppl_before"], entry["tokens"]),
             "loss": entry.get("loss", "lm")}
@@ -168,7 +171,7 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     records: list[dict[str, Any]] = [{} for _ in configs]
     memo = SweepMemo()  # token windows and step-0 tune PPLs, computed once for all trials
 
-    def train(i: int, stop: int | None) -> dict[str, Any] | str:
+    def train(i: int, stop: int | None) -> Manifest | dict[str, Any] | str:
         """The manifest (or rung record) of trial i, or the error message if it diverged."""
         cfg = configs[i]
         try:
@@ -191,19 +194,19 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         order = list(range(len(configs)))
     finished: list[int] = []
     for i in order:
-        manifest = _cached(scratch / f"t{i}" / FINAL_FILE, _key(configs[i], steps, model_dir),
-                           lambda i=i: _final(train(i, None), points[i]))
-        if manifest.get("diverged"):  # after the rung: keep its score, mark it diverged
-            records[i] = ({**records[i], "diverged": True, "error": manifest["error"]}
+        final = _cached(scratch / f"t{i}" / FINAL_FILE, _key(configs[i], steps, model_dir),
+                        lambda i=i: _final(train(i, None), points[i]))
+        if final.get("diverged"):  # after the rung: keep its score, mark it diverged
+            records[i] = ({**records[i], "diverged": True, "error": final["error"]}
                           if k < steps else diverged_record(points[i], configs[i].lr,
                                                             configs[i].gamma_lr,
-                                                            manifest["error"]))
+                                                            final["error"]))
             continue
         if k < steps:
-            records[i] = {**records[i], "tune_ppl_final": manifest["tune_ppl"],
-                          "stopped_at_step": steps, "tokens": manifest["tokens"]}
+            records[i] = {**records[i], "tune_ppl_final": final["tune_ppl"],
+                          "stopped_at_step": steps, "tokens": final["tokens"]}
         else:
-            records[i] = {**manifest, "tune_ppl_final": manifest["tune_ppl"],
+            records[i] = {**final, "tune_ppl_final": final["tune_ppl"],
                           "stopped_at_step": steps}
         finished.append(i)
         if k < steps:
@@ -257,8 +260,7 @@ def _cached(path: Path, key: dict[str, Any], compute: Any) -> dict[str, Any]:
     return record
 
 
-
-def _final(result: dict[str, Any] | str, point: dict[str, Any]) -> dict[str, Any]:
+def _final(result: Manifest | str, point: dict[str, Any]) -> dict[str, Any]:
     """The record of a trial trained to the end (or of its divergence)."""
     if isinstance(result, str):
         return {"diverged": True, "error": result}
@@ -298,8 +300,8 @@ def budget_of(compressed_dir: str | os.PathLike) -> int:
     .trainable_params`` that FlexiGPT pruning/extension records in its manifest."""
     path = Path(compressed_dir) / "manifest.json"
     try:
-        value = json.loads(path.read_text())["info"]["recovery"]["trainable_params"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        value = read_manifest(compressed_dir).info["recovery"]["trainable_params"]
+    except (CheckpointError, KeyError, TypeError) as err:
         raise ValueError(f"{path}: no info.recovery.trainable_params to match ({err})") from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{path}: info.recovery.trainable_params must be a positive integer")

@@ -4,6 +4,7 @@ a like-for-like baseline gets the achieved ratio of the model it is matched to."
 import json
 
 from flexigpt.api import compress
+from flexigpt.artifacts import read_manifest
 from flexigpt.registry import get_method
 from flexigpt.dag import script_logging
 
@@ -15,8 +16,7 @@ if "bi" in snakemake.input.keys() and method.accepts("bi_scores"):
     with open(snakemake.input.bi) as fh:
         options["bi_scores"] = json.load(fh)["block_influence"]
 if "match" in snakemake.input.keys():
-    with open(f"{snakemake.input.match}/manifest.json") as fh:
-        options["match_ratio"] = json.load(fh)["parameters"]["achieved_ratio"]
+    options["match_ratio"] = read_manifest(snakemake.input.match).parameters.achieved_ratio
     log.info("matching the achieved ratio %.6f of %s", options["match_ratio"],
              snakemake.input.match)
 compress(run["method"], snakemake.params.model, snakemake.output.model, options=options,

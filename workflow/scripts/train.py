@@ -4,9 +4,8 @@ resumes from the trials' checkpoints after a kill). On several processes (``acce
 launch``) when ``jobs.train_processes`` says so or the job holds several visible GPUs
 (:mod:`flexigpt.training.launch`)."""
 
-from flexigpt.training import TrainConfig
-from flexigpt.training.launch import processes_for, run_launched
-from flexigpt.training.tuning import budget_of, chosen_rates, run_sweep
+from flexigpt.training.launch import processes_for, run_launched, run_spec
+from flexigpt.training.tuning import budget_of, chosen_rates
 from flexigpt.dag import script_logging
 
 log = script_logging(snakemake.log[0], snakemake.threads)
@@ -30,6 +29,4 @@ if processes > 1:  # data-parallel on the job's GPUs (gloo on CPU), same global 
     log.info("sweep on %d processes (accelerate launch)", processes)
     run_launched(spec, processes, snakemake.threads)
 else:
-    run_sweep(spec["model"], spec["out"], [TrainConfig(**c) for c in configs], spec["points"],
-              text=spec["text"], tune=spec["tune"], meta=spec["meta"], rung=spec["rung"],
-              teacher=spec["teacher"])
+    run_spec(spec)
