@@ -3,11 +3,12 @@ and self-speculative decoding of FlexiGPT models against its bound.
 
 The protocol is :func:`flexigpt.generation.measure.measure_decode` (the one the DAG's
 ``inference_cost`` rule uses for Tables 6/7, here at full size): all models resident in one
-process, measured interleaved (repeat → model → run), medians over ``--repeats``; per model
-greedy decoding at batch 1 and ``--batch-size`` (EOS ignored, every model generates the same
-number of tokens), for FlexiGPT models the draft alone (``c`` = its per-token latency over
-the full model's) and self-speculative decoding at each of ``--draft-lengths``: α, speed-up
-over plain batch-1 decoding of the same model, the bound ``(1 − α^(k+1)) / ((1 − α)(k·c +
+process, measured interleaved (repeat → chunk of ``--batch-size`` prompts → model → run),
+medians over ``--repeats``; per model greedy decoding at batch 1 and ``--batch-size`` (EOS
+ignored, every model generates the same number of tokens), for FlexiGPT models with our lean
+loops the model and the draft alone (``c`` = the draft's per-token latency over the model's)
+and self-speculative decoding at each of ``--draft-lengths``: α, speed-up over the lean
+plain batch-1 decoding of the same model (and over transformers' ``generate``), the bound ``(1 − α^(k+1)) / ((1 − α)(k·c +
 1))``, speed-up / bound, and whether the greedy tokens equal plain decoding's. ``--merged``
 adds each FlexiGPT model with merged replacement weights (the opt-in lean path,
 :mod:`flexigpt.generation.lean`), decoded plainly. The load average is printed at the start
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import sys
@@ -63,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8, help="the larger batch")
+    p.add_argument("--no-batched", action="store_true",
+                   help="skip the batched runs (--batch-size still sizes the interleaved "
+                        "chunks of prompts)")
     p.add_argument("--draft-lengths", type=int, nargs="+", default=[1, 2, 3, 4])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             if g.supports_speculative() and not hasattr(g, "merge_info")]
     models = measure_decode(gens, prompts, args.max_new_tokens, args.batch_size,
                             args.draft_lengths, args.repeats, on_round=progress,
-                            speculative=spec)
+                            speculative=spec, batched=not args.no_batched)
     for e in models:
         e["label"], e["dir"] = e["name"], dirs[e["name"]]
         if hasattr(gens[e["name"]], "merge_info"):
@@ -125,24 +130,31 @@ def main(argv: list[str] | None = None) -> int:
     load_end = os.getloadavg()
     print(f"\n{len(prompts)} prompts × {args.max_new_tokens} new tokens, "
           f"{args.repeats} repeat(s), batch {args.batch_size}")
-    print(f"{'model':<24}{'prefill ms':>11}{'ms/tok b1':>11}{'tok/s b1':>10}"
+    print(f"{'model':<24}{'prefill ms':>11}{'ms/tok b1':>11}{'× ref':>7}{'tok/s b1':>10}"
           f"{'tok/s bB':>10}{'peak MB':>9}")
     for e in models:
         print(f"{e['label']:<24}{e['prefill_ms']:>11.1f}{e['batch1']['per_token_ms']:>11.2f}"
-              f"{e['batch1']['tokens_per_s']:>10.1f}{e['batched']['tokens_per_s']:>10.1f}"
+              f"{e['relative_decode_time']:>7.3f}"
+              f"{e['batch1']['tokens_per_s']:>10.1f}"
+              f"{e['batched']['tokens_per_s'] if e['batched'] else math.nan:>10.1f}"
               f"{e['batch1']['peak_rss_mb']:>9.0f}")
         if e["speculative"]:
             s = e["speculative"]
+            print(f"  lean loops: model {s['per_token_ms']:.2f} ms/token, draft "
+                  f"{s['draft_per_token_ms']:.2f} (c {s['c']:.3f}, "
+                  f"{s['draft']['draft_blocks']} of {s['draft']['full_blocks']} blocks)")
             for k, v in s["by_k"].items():
-                print(f"  speculative k={k}: alpha {v['alpha']:.3f}, c {s['c']:.3f}, "
-                      f"speed-up {v['speedup']:.3f} (bound {v['bound']:.3f}, "
-                      f"{100 * v['fraction_of_bound']:.0f}% of it; paper: "
-                      f"{100 * PAPER_SPECULATIVE_SPEEDUP:.2f}% faster), "
+                print(f"  speculative k={k}: alpha {v['alpha']:.3f}, speed-up "
+                      f"{v['speedup']:.3f} over lean plain decoding (bound {v['bound']:.3f}, "
+                      f"{100 * v['fraction_of_bound']:.0f}% of it), "
+                      f"{v['speedup_vs_transformers']:.3f} over transformers' generate "
+                      f"(paper: {100 * PAPER_SPECULATIVE_SPEEDUP:.2f}% faster), "
                       f"identical {v['identical']}")
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}; "
           f"max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     result = {"config": {"n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                         "batch_size": args.batch_size, "draft_lengths": args.draft_lengths,
+                         "batch_size": args.batch_size, "batched": not args.no_batched,
+                         "draft_lengths": args.draft_lengths,
                          "repeats": args.repeats, "threads": torch.get_num_threads(),
                          "dtype": args.dtype, "quick": args.quick},
               "loadavg": {"start": list(load_start), "end": list(load_end)},

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_model, perturb_adapters
+from conftest import make_model, manifest_for, perturb_adapters
 from flexigpt.artifacts import LoadedModel, save_compressed
 from flexigpt.cli import main as cli_main
 from flexigpt.generation import (Generator, build_draft, draft_extra_bytes, generate,
@@ -41,7 +41,7 @@ def flexi(layers: int = 6, family: str = "llama") -> tuple[torch.nn.Module, dict
     with torch.no_grad():
         result = prune_compress(model, None, CALIB, FlexiGPTConfig(ratio=0.5, rank=8))
     _perturb(model)
-    return model, {"method": "flexigpt", "structure": result.structure, "info": result.info}
+    return model, manifest_for("flexigpt", result.structure, result.info, model=model)
 
 
 def extended(pattern: str = "block", layers: int = 7) -> tuple[torch.nn.Module, dict]:
@@ -50,7 +50,7 @@ def extended(pattern: str = "block", layers: int = 7) -> tuple[torch.nn.Module, 
         result = extend_compress(model, None, None, ExtendConfig(layers=layers, pattern=pattern,
                                                                  rank=4, gamma_init=0.5))
     _perturb(model, scale=0.2)
-    return model, {"method": "flexigpt_extend", "structure": result.structure}
+    return model, manifest_for("flexigpt_extend", result.structure, model=model)
 
 
 def gen_for(model, manifest, tokenizer) -> Generator:
@@ -58,18 +58,31 @@ def gen_for(model, manifest, tokenizer) -> Generator:
 
 
 def _check_speculative(gen: Generator, k: int, ignore_eos: bool = True, n: int = 24) -> dict:
+    """Speculative greedy decoding with both engines = plain greedy decoding (both engines),
+    token for token; returns the lean engine's stats."""
     plain = gen.generate(PROMPTS, max_new_tokens=n, ignore_eos=ignore_eos)
-    spec = gen.generate(PROMPTS, max_new_tokens=n, ignore_eos=ignore_eos, speculative=True,
-                        draft_length=k)
-    assert spec.token_ids == plain.token_ids  # token for token
-    assert spec.texts == plain.texts
-    s = spec.stats
-    assert s["rounds"] == s["full_forwards"] and s["draft_forwards"] == s["drafted"]
-    assert s["accepted"] + s["rounds"] == s["new_tokens"] == plain.stats["new_tokens"]
-    assert s["drafted"] <= k * s["rounds"] and s["draft"]["extra_bytes"] == 0
-    if ignore_eos:
-        assert s["new_tokens"] == n * len(PROMPTS)
-    assert 0 <= s["alpha"] <= 1 and s["full_forwards"] <= plain.stats["full_forwards"]
+    lean = gen.generate(PROMPTS, max_new_tokens=n, ignore_eos=ignore_eos, engine="lean")
+    assert lean.token_ids == plain.token_ids and lean.stats["engine"] == "lean"
+    stats = {}
+    for engine in ("lean", "transformers"):
+        spec = gen.generate(PROMPTS, max_new_tokens=n, ignore_eos=ignore_eos, speculative=True,
+                            draft_length=k, engine=engine)
+        assert spec.token_ids == plain.token_ids  # token for token
+        assert spec.texts == plain.texts
+        s = stats[engine] = spec.stats
+        assert s["engine"] == engine and s["draft_forwards"] == s["drafted"]
+        assert s["drafted"] <= k * s["rounds"] and s["draft"]["extra_bytes"] == 0
+        assert 0 <= s["alpha"] <= 1 and s["full_forwards"] <= plain.stats["full_forwards"]
+        if ignore_eos:
+            assert s["new_tokens"] == n * len(PROMPTS)
+    # transformers verifies the prompt with the first proposals; the lean loop first decodes
+    # one token from the prompt, then runs its rounds (the last one may be cut at n / EOS)
+    hf, s = stats["transformers"], stats["lean"]
+    assert hf["rounds"] == hf["full_forwards"]
+    assert hf["accepted"] + hf["rounds"] == hf["new_tokens"]
+    assert s["rounds"] + len(PROMPTS) == s["full_forwards"] and s["drafted"] == k * s["rounds"]
+    assert s["new_tokens"] <= s["accepted"] + s["rounds"] + len(PROMPTS)
+    assert s["new_tokens"] > s["accepted"] + s["rounds"] + len(PROMPTS) - k * len(PROMPTS) - 1
     return s
 
 
@@ -79,7 +92,7 @@ def test_speculative_greedy_identical_pruned(tiny_tokenizer, k):
     model, manifest = flexi()
     s = _check_speculative(gen_for(model, manifest, tiny_tokenizer), k)
     assert s["accepted"] > 0 and s["rejections"] > 0  # both branches of verification ran
-    assert s["draft"]["skipped_blocks"] == sorted(int(i) for i in manifest["structure"]["base_map"])
+    assert s["draft"]["skipped_blocks"] == sorted(int(i) for i in manifest.structure["base_map"])
 
 
 @pytest.mark.parametrize("family", ["qwen2", "mistral"])
@@ -94,16 +107,15 @@ def test_speculative_with_eos_and_skipped_first_block(tiny_tokenizer):
     gen = gen_for(model, manifest, tiny_tokenizer)
     _check_speculative(gen, 2, ignore_eos=False, n=16)
     # a draft that also skips block 0 (its cache slot 0 is then a renumbered later block)
-    structure = {**manifest["structure"], "pruned_blocks": [0, 5], "base_map": {"0": 1, "5": 3}}
-    s = _check_speculative(gen_for(model, {"method": "flexigpt", "structure": structure},
-                                   tiny_tokenizer), 3)
+    structure = {**manifest.structure, "pruned_blocks": [0, 5], "base_map": {"0": 1, "5": 3}}
+    s = _check_speculative(gen_for(model, manifest_for("flexigpt", structure), tiny_tokenizer), 3)
     assert s["draft"]["skipped_blocks"] == [0, 5]
 
 
 @pytest.mark.parametrize("pattern", ["block", "sequential"])
 def test_speculative_greedy_identical_extended(tiny_tokenizer, pattern):
     model, manifest = extended(pattern)
-    layout = manifest["structure"]["layout"]
+    layout = manifest.structure["layout"]
     s = _check_speculative(gen_for(model, manifest, tiny_tokenizer), 3)
     repeats = [p for p in range(len(layout)) if layout[p] in layout[:p]]
     assert s["draft"]["skipped_blocks"] == repeats and s["draft"]["draft_blocks"] == 4
@@ -116,7 +128,7 @@ def test_draft_shares_storage_and_is_shortgpt(tiny_tokenizer):
     blocks = get_adapter(model).layers(model)
     idx_before = [b.self_attn.layer_idx for b in blocks]
     logits_before = model(CALIB).logits
-    skip = skipped_blocks(manifest, len(blocks))
+    skip = skipped_blocks(manifest.method, manifest.structure, len(blocks))
     draft = build_draft(model, skip)
     full_ptrs = {p.data_ptr() for p in model.parameters()} | {b.data_ptr()
                                                               for b in model.buffers()}
@@ -149,7 +161,7 @@ def test_speculative_rejected_for_other_models(tiny_tokenizer):
     with pytest.raises(ValueError, match="FlexiGPT model"):
         gen.generate(PROMPTS[:1], max_new_tokens=2, speculative=True)
     with pytest.raises(ValueError, match="FlexiGPT model"):
-        skipped_blocks({"method": "shortgpt", "structure": {}}, 4)
+        skipped_blocks("shortgpt", {}, 4)
 
 
 # ---- sampling, batching -----------------------------------------------------------------------
@@ -200,6 +212,43 @@ def test_merged_replacements_unchanged_outputs(tiny_tokenizer):
     assert spec.token_ids == after.token_ids
 
 
+def test_few_row_linears_equal_f_linear_and_restore_it():
+    import torch.nn.functional as F
+
+    from flexigpt.generation.speculative import few_row_linears
+
+    original = F.linear
+    w, b = torch.randn(7, 5), torch.randn(7)
+    for shape in [(1, 3, 5), (2, 5), (1, 1, 5), (1, 12, 5), (5,)]:
+        x = torch.randn(*shape)
+        with few_row_linears(max_rows=8):
+            assert F.linear is not original
+            got, got_nb = F.linear(x, w, b), F.linear(x, w)
+        assert got.shape == original(x, w, b).shape and got.is_contiguous()
+        assert torch.allclose(got, original(x, w, b), atol=1e-6)
+        assert torch.allclose(got_nb, original(x, w), atol=1e-6)
+    with pytest.raises(RuntimeError), few_row_linears():
+        raise RuntimeError("boom")
+    assert F.linear is original  # restored, also after an error
+
+
+def test_combine_sums_chunks_and_recomputes_ratios():
+    from flexigpt.generation.measure import combine
+
+    a = {"wall_s": 2.0, "prefill_s": 0.5, "decode_s": 1.5, "decode_steps": 3, "new_tokens": 4,
+         "prompts": 1, "full_forwards": 4, "batch_size": 1, "peak_rss_mb": 10.0,
+         "peak_rss_delta_mb": 1.0, "per_token_ms": 500.0}
+    b = {**a, "wall_s": 4.0, "decode_s": 3.5, "decode_steps": 5, "new_tokens": 6,
+         "peak_rss_mb": 12.0, "peak_rss_delta_mb": 0.5}
+    out = combine([a, b])
+    assert out["wall_s"] == 6.0 and out["new_tokens"] == 10 and out["peak_rss_mb"] == 12.0
+    assert out["per_token_ms"] == pytest.approx(1e3 * 5.0 / 8)  # not the mean of the chunks
+    assert out["tokens_per_s"] == pytest.approx(10 / 6) and "alpha" not in out
+    spec = combine([{**a, "rounds": 2, "drafted": 4, "accepted": 3, "rejections": 1},
+                    {**b, "rounds": 3, "drafted": 6, "accepted": 1, "rejections": 3}])
+    assert spec["alpha"] == pytest.approx(4 / 8) and spec["accepted_fraction"] == 0.4
+
+
 def test_speculative_bound():
     assert speculative_bound(0.0, 3, 0.5) == pytest.approx(1 / 2.5)
     assert speculative_bound(1.0, 3, 0.5) == pytest.approx(4 / 2.5)
@@ -211,8 +260,8 @@ def test_speculative_bound():
 def saved_dirs(tmp_path, tiny_tokenizer):
     model, manifest = flexi()
     save_compressed(model, tiny_tokenizer, manifest, tmp_path / "flexi")
-    save_compressed(make_model(), tiny_tokenizer, {"method": "dense", "structure": {}},
-                    tmp_path / "dense")
+    dense = make_model()
+    save_compressed(dense, tiny_tokenizer, manifest_for("dense", model=dense), tmp_path / "dense")
     return tmp_path / "flexi", tmp_path / "dense"
 
 
@@ -309,7 +358,7 @@ def test_inference_cost_with_decode_to_tables(saved_dirs, tmp_path):
     out = run_inference_cost(dirs, out_json, batch=1, seq_len=8, repeats=1, prompt_text=text,
                              decode={"prompts": 3, "new_tokens": 4, "batch": 2})
     dec = out["decode"]
-    assert dec["prompts"] == 3 and dec["draft_length"] == 2 and len(dec["rows"]) == 2
+    assert dec["prompts"] == 3 and dec["draft_length"] == 1 and len(dec["rows"]) == 2
     assert [r["method"] for r in dec["rows"]] == ["dense", "flexigpt"]
     assert dec["rows"][1]["ratio"] == 0.5 and dec["rows"][1]["speculative"]["identical"]
     saved = json.loads(out_json.read_text())["decode"]
@@ -319,7 +368,7 @@ def test_inference_cost_with_decode_to_tables(saved_dirs, tmp_path):
     table = timing.timing_table(collect_timings([out_json]), load_published(), "tiny", 6,
                                 decodes=decodes)
     md = to_markdown(table)
-    assert "decoding" in md and "self-speculative (k=2)" in md and "30.11%" in md
+    assert "decoding" in md and "self-speculative (k=1)" in md and "30.11%" in md
     assert "identical to plain" in md and "NOT identical" not in md
     assert set(table.csv["source"]) >= {"ours", "ours-decode", "paper"}
     from flexigpt.tables.verdicts import claim_h

@@ -102,8 +102,7 @@ def test_flexigpt_self_speculative_identical(tiny_tokenizer):
     with torch.no_grad():
         result = prune_compress(model, None, CALIB, FlexiGPTConfig(ratio=0.3, rank=8))
     _perturb(model)
-    gen = Generator(LoadedModel(model, tiny_tokenizer, {"method": "flexigpt",
-                                                        "structure": result.structure}))
+    gen = Generator(LoadedModel(model, tiny_tokenizer, manifest_for("flexigpt", result.structure)))
     prompts = ["the city of the river was", "music and film"]
     plain = gen.generate(prompts, max_new_tokens=10, ignore_eos=True)
     spec = gen.generate(prompts, max_new_tokens=10, ignore_eos=True, speculative=True,

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="self-speculative decoding: FlexiGPT draft without its shared blocks")
     p.add_argument("--draft-length", type=int, default=None,
                    help="tokens drafted per verification (k)")
+    p.add_argument("--engine", choices=("auto", "transformers", "lean"), default="auto",
+                   help="decoding loop: transformers' generate, our lean greedy loop (one "
+                        "prompt at a time), or auto = lean for greedy speculative decoding")
     p.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens tokens")
     p.add_argument("--merged", action="store_true",
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                        batch_size=args.batch_size, seed=args.seed,
                        speculative=args.speculative,
                        draft_length=args.draft_length or DEFAULT_DRAFT_LENGTH,
-                       ignore_eos=args.ignore_eos)
+                       ignore_eos=args.ignore_eos, engine=args.engine)
     for prompt, text in zip(out.prompts, out.texts):
         print(f"{prompt}{text}")
         print("---")

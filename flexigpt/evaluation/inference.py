@@ -118,7 +118,7 @@ def _parse_name(name: str) -> dict[str, Any]:
 
 
 #: ``inference.decode`` settings (prompts = 0: no decoding measured)
-DECODE_DEFAULTS = {"prompts": 0, "new_tokens": 16, "batch": 4, "draft_length": 2, "repeats": 1}
+DECODE_DEFAULTS = {"prompts": 0, "new_tokens": 16, "batch": 4, "draft_length": 1, "repeats": 1}
 
 
 def decode_settings(decode: dict[str, Any] | None) -> dict[str, int]:

@@ -4,13 +4,13 @@
 every method, or plain HF checkpoints), tokenises the prompts with left padding and runs
 transformers' ``generate`` (KV cache, greedy or sampling, batches). With
 ``speculative=True`` a FlexiGPT (pruned or extended) model decodes with its own
-weight-sharing draft (:mod:`flexigpt.generation.draft`) through transformers' assisted
-generation: the draft proposes ``draft_length`` tokens, one forward of the full model
-verifies them, so greedy output is token-for-token that of plain greedy decoding (and
-sampling keeps the full model's distribution, by speculative sampling).
-
-Transformers' assisted generation runs one sequence at a time, so speculative runs decode
-the prompts one by one whatever ``batch_size`` is (``stats["speculative_batch"] == 1``).
+weight-sharing draft (:mod:`flexigpt.generation.draft`): the draft proposes
+``draft_length`` tokens, one forward of the full model verifies them, so greedy output is
+token-for-token that of plain greedy decoding. Greedy speculative decoding runs our own
+lean loop (:mod:`flexigpt.generation.speculative`, ``engine="auto"``/``"lean"``), whose
+per-round cost is what the speed-up bound assumes; sampling runs transformers' assisted
+generation (speculative sampling keeps the full model's distribution). Both decode the
+prompts one by one whatever ``batch_size`` is (``stats["speculative_batch"] == 1``).
 
 Statistics (``GenerationOutput.stats``) come from forward hooks on the full model and the
 draft: wall time, tokens/s, prefill time (first forward) and per-token decode latency
@@ -37,17 +37,20 @@ import torch
 from torch import nn
 
 from flexigpt.devices import model_device
-from flexigpt.generation.draft import (SPECULATIVE_METHODS, build_draft, draft_extra_bytes,
-                                       set_draft_length, skipped_blocks)
+from flexigpt.generation.draft import (DEFAULT_DRAFT_LENGTH, SPECULATIVE_METHODS, build_draft,
+                                       draft_extra_bytes, set_draft_length, skipped_blocks)
+from flexigpt.generation.speculative import DecodeResult, greedy_decode, speculative_decode
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GenerationOutput", "Generator", "generate", "read_prompts", "speculative_bound",
-           "rss_bytes",
-           "SPECULATIVE_METHODS", "build_draft", "skipped_blocks", "draft_extra_bytes"]
+           "rss_bytes", "SPECULATIVE_METHODS", "DEFAULT_DRAFT_LENGTH", "ENGINES", "build_draft",
+           "skipped_blocks", "draft_extra_bytes"]
 
-#: default draft length k (tokens drafted per verification)
-DEFAULT_DRAFT_LENGTH = 2
+#: decoding engines: transformers' ``generate`` (assisted generation when speculative), our
+#: lean greedy loops (:mod:`flexigpt.generation.speculative`; batch 1), or ``auto`` = lean
+#: for greedy speculative decoding, transformers otherwise
+ENGINES = ("auto", "transformers", "lean")
 
 
 @dataclass
@@ -153,7 +156,7 @@ class Generator:
 
     @property
     def method(self) -> str | None:
-        return (self.manifest or {}).get("method")
+        return self.manifest.method if self.manifest is not None else None
 
     def supports_speculative(self) -> bool:
         return self.method in SPECULATIVE_METHODS
@@ -164,7 +167,7 @@ class Generator:
             from flexigpt.models.adapters import get_adapter
 
             n_blocks = len(get_adapter(self.model).layers(self.model))
-            skip = skipped_blocks(self.manifest, n_blocks)
+            skip = skipped_blocks(self.method, self.manifest.structure, n_blocks)
             rss0 = rss_bytes()
             self._draft = build_draft(self.model, skip, draft_length)
             self.draft_info = {"skipped_blocks": skip, "draft_blocks": n_blocks - len(skip),
@@ -187,7 +190,7 @@ class Generator:
                  temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 1,
                  seed: int = 0, speculative: bool = False,
                  draft_length: int = DEFAULT_DRAFT_LENGTH,
-                 ignore_eos: bool = False) -> GenerationOutput:
+                 ignore_eos: bool = False, engine: str = "auto") -> GenerationOutput:
         """See :func:`generate`."""
         prompts = list(prompts)
         if not prompts:
@@ -197,6 +200,12 @@ class Generator:
         if do_sample and (temperature <= 0 or not 0 < top_p <= 1):
             raise ValueError(f"sampling needs temperature > 0 and 0 < top_p ≤ 1, got "
                              f"{temperature}, {top_p}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        lean = engine == "lean" or (engine == "auto" and speculative and not do_sample)
+        if lean and do_sample:
+            raise ValueError("the lean engine decodes greedily; sampling needs "
+                             "engine='transformers'")
         draft = None
         if speculative:
             if not self.supports_speculative():
@@ -205,6 +214,8 @@ class Generator:
                                  f"{self.method or 'a plain checkpoint'!r}")
             draft = self.draft(draft_length)
             batch_size = 1  # transformers' assisted generation: one sequence at a time
+        if lean:
+            batch_size = 1  # our loops decode one sequence at a time
         kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample,
                                   "pad_token_id": self.tokenizer.pad_token_id}
         if do_sample:
@@ -217,6 +228,9 @@ class Generator:
             eos = self.model.generation_config.eos_token_id
             eos = self.tokenizer.eos_token_id if eos is None else eos
             eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
+        if lean:
+            return self._generate_lean(prompts, max_new_tokens, draft, draft_length,
+                                       eos_ids, seed)
 
         torch.manual_seed(seed)
         full_rec = _Recorder(self.model)
@@ -290,6 +304,49 @@ class Generator:
                          per_token_ms=1e3 * agg["decode_s"] / steps if steps else math.nan,
                          decode_tokens_per_s=(steps * batch_size / agg["decode_s"]
                                               if agg["decode_s"] > 0 else math.nan))
+        stats["engine"] = "transformers"
+        return GenerationOutput(prompts=prompts, texts=texts, token_ids=new_ids, stats=stats)
+
+    def _generate_lean(self, prompts: list[str], max_new_tokens: int, draft: nn.Module | None,
+                       draft_length: int, eos_ids: set[int], seed: int) -> GenerationOutput:
+        """Greedy decoding of each prompt alone with our loops (plain, or speculative with
+        ``draft``); the same statistics as the transformers path."""
+        runs: list[DecodeResult] = []
+        for prompt in prompts:
+            ids = self.encode([prompt])["input_ids"][0]
+            if draft is None:
+                runs.append(greedy_decode(self.model, ids, max_new_tokens, eos_ids))
+            else:
+                runs.append(speculative_decode(self.model, draft, ids, max_new_tokens,
+                                               draft_length, eos_ids))
+        new_ids = [r.tokens for r in runs]
+        texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in new_ids]
+        wall = sum(r.wall_s for r in runs)
+        n_new = sum(len(t) for t in new_ids)
+        stats: dict[str, Any] = {
+            "method": self.method, "prompts": len(prompts), "new_tokens": n_new,
+            "max_new_tokens": max_new_tokens, "do_sample": False, "seed": seed,
+            "batch_size": 1, "speculative": draft is not None,
+            "threads": torch.get_num_threads(), "wall_s": wall, "batches": len(runs),
+            "tokens_per_s": n_new / wall if wall > 0 else math.nan,
+            "full_forwards": sum(r.full_forwards for r in runs), "engine": "lean"}
+        if draft is None:
+            prefill = sum(r.prefill_s for r in runs)
+            steps = sum(r.full_forwards - 1 for r in runs)
+            stats.update(prefill_s=prefill, decode_s=wall - prefill, decode_steps=steps,
+                         per_token_ms=1e3 * (wall - prefill) / steps if steps else math.nan,
+                         decode_tokens_per_s=steps / (wall - prefill) if steps else math.nan)
+            return GenerationOutput(prompts=prompts, texts=texts, token_ids=new_ids,
+                                    stats=stats)
+        rounds, drafted = sum(r.rounds for r in runs), sum(r.drafted for r in runs)
+        a, rej = sum(r.accepted for r in runs), sum(r.rejections for r in runs)
+        stats.update(speculative_batch=1, draft_length=draft_length,
+                     draft_forwards=sum(r.draft_forwards for r in runs), rounds=rounds,
+                     drafted=drafted, accepted=a, rejections=rej,
+                     alpha=a / (a + rej) if a + rej else math.nan,
+                     accepted_fraction=a / drafted if drafted else math.nan,
+                     tokens_per_round=n_new / rounds if rounds else math.nan,
+                     draft=dict(self.draft_info))
         return GenerationOutput(prompts=prompts, texts=texts, token_ids=new_ids, stats=stats)
 
 
@@ -297,7 +354,8 @@ def generate(model_dir: Any, prompts: list[str], max_new_tokens: int = 64,
              do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              batch_size: int = 1, seed: int = 0, speculative: bool = False,
              draft_length: int = DEFAULT_DRAFT_LENGTH, dtype: str = "float32",
-             ignore_eos: bool = False, device: str = "cpu") -> GenerationOutput:
+             ignore_eos: bool = False, device: str = "cpu",
+             engine: str = "auto") -> GenerationOutput:
     """Generate continuations of ``prompts`` with the model saved in ``model_dir``.
 
     Args:
@@ -313,6 +371,9 @@ def generate(model_dir: Any, prompts: list[str], max_new_tokens: int = 64,
         dtype: weight dtype.
         ignore_eos: generate exactly ``max_new_tokens`` per prompt (benchmarks).
         device: where the model is loaded (:mod:`flexigpt.devices`).
+        engine: ``transformers`` (``generate``; assisted generation when speculative),
+            ``lean`` (our greedy loops, one prompt at a time) or ``auto`` (lean for greedy
+            speculative decoding, transformers otherwise); see :data:`ENGINES`.
 
     Returns:
         :class:`GenerationOutput` with the continuations and the statistics.
@@ -321,7 +382,7 @@ def generate(model_dir: Any, prompts: list[str], max_new_tokens: int = 64,
     return gen.generate(prompts, max_new_tokens=max_new_tokens, do_sample=do_sample,
                         temperature=temperature, top_p=top_p, batch_size=batch_size,
                         seed=seed, speculative=speculative, draft_length=draft_length,
-                        ignore_eos=ignore_eos)
+                        ignore_eos=ignore_eos, engine=engine)
 
 
 @contextlib.contextmanager

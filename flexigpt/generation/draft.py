@@ -27,6 +27,10 @@ from flexigpt.registry import methods_with
 
 #: methods whose models have a self-speculative draft (``MethodFacts.speculative``)
 SPECULATIVE_METHODS = methods_with("speculative")
+#: default draft length k (tokens drafted per verification): the fastest measured on
+#: SmolLM2-135M at ratio 0.3 (k = 1, 2, 3: speed-up 0.732, 0.521, 0.387; α ≈ 0.12-0.15:
+#: results/reference/smollm2-135m/bench_decode_k_5x64.json); the paper configs keep k = 2
+DEFAULT_DRAFT_LENGTH = 1
 
 
 class _CacheView:
@@ -69,14 +73,18 @@ class RenumberedBlock(nn.Module):
         return f"draft_idx={self.draft_idx}, full_idx={self.full_idx}"
 
 
-def skipped_blocks(manifest: dict[str, Any] | None, n_blocks: int) -> list[int]:
+def skipped_blocks(method: str | None, structure: dict[str, Any] | None,
+                   n_blocks: int) -> list[int]:
     """Positions of the shared (replacement / repeat) blocks of a saved model, sorted.
+
+    Args:
+        method, structure: the model's manifest fields (``Manifest.method`` /
+            ``.structure``); n_blocks: the model's block count.
 
     Raises:
         ValueError: the model is not a FlexiGPT (pruned or extended) model.
     """
-    method = (manifest or {}).get("method")
-    structure = (manifest or {}).get("structure") or {}
+    structure = structure or {}
     if method == "flexigpt":
         skip = sorted({int(i) for i in structure.get("base_map", {})}
                       | {int(i) for i in structure.get("pruned_blocks", [])})
@@ -95,7 +103,8 @@ def skipped_blocks(manifest: dict[str, Any] | None, n_blocks: int) -> list[int]:
     return skip
 
 
-def build_draft(model: nn.Module, skip: list[int], draft_length: int = 2) -> nn.Module:
+def build_draft(model: nn.Module, skip: list[int],
+                draft_length: int = DEFAULT_DRAFT_LENGTH) -> nn.Module:
     """The draft of ``model`` without the blocks ``skip`` (shares every tensor with ``model``).
 
     Args:

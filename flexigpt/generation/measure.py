@@ -1,20 +1,25 @@
 """Decoding cost of several models on the same prompts, in one process (Tables 6/7, and
 ``benchmarks/bench_decode.py``).
 
-Protocol (:func:`measure_decode`): every model is resident; ``repeats`` rounds in which the
-models take turns (repeat → model), so drifting machine load hits all of them alike; figures
-are medians over the rounds. Per model and round:
+Protocol (:func:`measure_decode`): every model is resident; the prompts are taken in chunks
+of ``batch`` and, chunk after chunk, every model runs all of its measurements on that chunk
+(repeat → chunk → model → run), so drifting machine load hits all models and all runs
+alike, within a minute or so of each other; each run's figures are summed over the chunks
+and the medians over ``repeats`` are reported. Per model:
 
-* ``batch1``: greedy decoding of every prompt alone, ``new_tokens`` each (EOS ignored, so
-  every model generates the same number of tokens): prefill time (the first forward), decode
-  latency per token (time between the forwards after the first), tokens/s, peak RSS rise;
+* ``batch1``: greedy decoding of every prompt alone with transformers' ``generate``,
+  ``new_tokens`` each (EOS ignored, so every model generates the same number of tokens):
+  prefill time (the first forward), decode latency per token (time between the forwards
+  after the first), tokens/s, peak RSS rise;
 * ``batched``: the same prompts in batches of ``batch`` (left padding);
-* FlexiGPT models (:data:`flexigpt.generation.SPECULATIVE_METHODS`): the draft alone at
-  batch 1 (its per-token latency over the model's is ``c``, the draft-to-full cost ratio of
-  one decode step), then self-speculative decoding at each draft length ``k``: acceptance
-  rate α, tokens per round, tokens/s, speed-up over the model's plain batch-1 decoding (wall
-  time ratio), the bound ``(1 − α^(k+1)) / ((1 − α)(k·c + 1))``, speed-up / bound, and whether
-  its greedy tokens equal plain decoding's.
+* FlexiGPT models (:data:`flexigpt.generation.SPECULATIVE_METHODS`), all with our lean
+  greedy loops (:mod:`flexigpt.generation.speculative`), one prompt at a time: the model
+  alone (``lean``, the baseline of the speed-up), the draft alone (its per-token latency
+  over the model's is ``c``, the draft-to-full cost ratio of one decode step), then
+  self-speculative decoding at each draft length ``k``: acceptance rate α, tokens per round,
+  tokens/s, speed-up over the model's lean plain decoding (wall time ratio; also over
+  transformers' batch-1 decoding), the bound ``(1 − α^(k+1)) / ((1 − α)(k·c + 1))``,
+  speed-up / bound, and whether its greedy tokens equal plain decoding's.
 
 Peak RSS is process-wide (every model resident): ``peak_rss_delta_mb`` is the rise during a
 run (KV cache, activations); ``weights_mb`` the distinct storage of a model's tensors.
@@ -22,6 +27,7 @@ run (KV cache, activations); ``weights_mb`` the distinct storage of a model's te
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import threading
@@ -115,23 +121,54 @@ def median_of(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, An
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 
+#: statistics that add up over chunks of prompts (everything else is derived or a max)
+_SUMS = ("wall_s", "prefill_s", "decode_s", "decode_steps", "new_tokens", "prompts",
+         "full_forwards", "draft_forwards", "rounds", "drafted", "accepted", "rejections")
+
+
+def _ratio(num: float, den: float, scale: float = 1.0) -> float:
+    return scale * num / den if den else math.nan
+
+
+def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's statistics from its chunks' ``generate`` stats: sums of :data:`_SUMS`,
+    maxima of the peak RSS figures, and the ratios recomputed from the sums."""
+    out = {k: sum(p[k] for p in parts) for k in _SUMS if k in parts[0]}
+    for key in ("peak_rss_mb", "peak_rss_delta_mb"):
+        out[key] = max(p[key] for p in parts)
+    batch = parts[0]["batch_size"]
+    out["tokens_per_s"] = _ratio(out["new_tokens"], out["wall_s"])
+    if "decode_steps" in out:
+        out["per_token_ms"] = _ratio(out["decode_s"], out["decode_steps"], 1e3)
+        out["decode_tokens_per_s"] = _ratio(out["decode_steps"] * batch, out["decode_s"])
+    if "rounds" in out:
+        out["alpha"] = _ratio(out["accepted"], out["accepted"] + out["rejections"])
+        out["accepted_fraction"] = _ratio(out["accepted"], out["drafted"])
+        out["tokens_per_round"] = _ratio(out["new_tokens"], out["rounds"])
+    return out
+
+
 def measure_decode(gens: dict[str, Generator], prompts: list[str], new_tokens: int,
                    batch: int, draft_lengths: Sequence[int] = (DEFAULT_DRAFT_LENGTH,),
                    repeats: int = 1, on_round: Any = None,
-                   speculative: Sequence[str] | None = None) -> list[dict[str, Any]]:
+                   speculative: Sequence[str] | None = None,
+                   batched: bool = True) -> list[dict[str, Any]]:
     """Decoding cost of each generator (name → :class:`Generator`, the first is the
     reference, normally dense) on the same ``prompts``; see the module docstring.
 
     ``speculative`` names the models decoded self-speculatively too (default: every one
     that supports it); ``on_round(repeat, name, batch1_stats, seconds)`` is called after
-    each model's turn.
+    each model's turn on the last chunk of a repeat (with that repeat's batch-1 figures);
+    ``batched=False`` skips the batched runs (``batched`` is then None; ``batch`` still sizes
+    the chunks).
 
     Returns one entry per model, in order: ``name, method, weights_mb, prefill_ms`` (per
     prompt), ``batch1`` / ``batched`` (medians of :data:`PLAIN_KEYS` + ``batch_size``),
     ``relative_decode_time`` (batch-1 per-token latency / the reference's) and
-    ``speculative`` (None, or ``c``, ``draft_per_token_ms``, ``draft`` info, ``by_k``:
-    {k: medians of :data:`SPEC_KEYS` + speedup, bound, fraction_of_bound, identical},
-    ``best_k``, ``identical``, ``paper_faster_fraction``).
+    ``speculative`` (None, or ``c``, ``per_token_ms`` / ``draft_per_token_ms`` (lean
+    loops), ``lean`` (medians of :data:`PLAIN_KEYS`), ``draft`` info, ``by_k``: {k: medians
+    of :data:`SPEC_KEYS` + speedup, speedup_vs_transformers, bound, fraction_of_bound,
+    identical}, ``best_k``, ``identical``, ``paper_faster_fraction``).
 
     Raises:
         ValueError: no generators or prompts, or a non-positive size.
@@ -151,51 +188,77 @@ def measure_decode(gens: dict[str, Generator], prompts: list[str], new_tokens: i
         raise ValueError(f"no self-speculative draft for {bad} (FlexiGPT models only)")
     drafts = {name: Generator((gens[name].draft(ks[0]), gens[name].tokenizer, None))
               for name in chosen}
-    runs: dict[str, dict[str, list]] = {
-        name: {"b1": [], "bb": [], "draft": [], **{f"k{k}": [] for k in ks}} for name in gens}
-    tokens: dict[str, dict[str, Any]] = {name: {} for name in gens}
+    kinds = {name: ["b1"] + (["bb"] if batched else []) + (["lean", "draft"] + [f"k{k}" for k in ks]
+                                   if name in drafts else []) for name in gens}
+    runs = {name: {kind: [] for kind in kinds[name]} for name in gens}
+    tokens: dict[str, dict[str, list]] = {name: {} for name in gens}
+    chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     for rep in range(repeats):
-        for name, g in gens.items():
-            tic = time.perf_counter()
-            b1 = timed(g, prompts, new_tokens, batch_size=1)
-            runs[name]["b1"].append(b1.stats)
-            tokens[name]["plain"] = b1.token_ids
-            runs[name]["bb"].append(timed(g, prompts, new_tokens, batch_size=batch).stats)
-            if name in drafts:
-                runs[name]["draft"].append(timed(drafts[name], prompts, new_tokens,
-                                                 batch_size=1).stats)
-                for k in ks:
-                    sp = timed(g, prompts, new_tokens, speculative=True, draft_length=k)
-                    runs[name][f"k{k}"].append(sp.stats)
-                    tokens[name][f"k{k}"] = sp.token_ids
+        parts = {name: {kind: [] for kind in kinds[name]} for name in gens}
+        ids = {name: {kind: [] for kind in kinds[name]} for name in gens}
+        seconds = {name: 0.0 for name in gens}
+        for chunk in chunks:
+            for name, g in gens.items():
+                tic = time.perf_counter()
+                for kind in kinds[name]:
+                    out = _run(g, drafts.get(name), kind, chunk, new_tokens, batch)
+                    parts[name][kind].append(out.stats)
+                    ids[name][kind].extend(out.token_ids)
+                seconds[name] += time.perf_counter() - tic
+        for name in gens:
+            for kind in kinds[name]:
+                runs[name][kind].append(combine(parts[name][kind]))
+            tokens[name] = ids[name]
             if on_round is not None:
-                on_round(rep, name, b1.stats, time.perf_counter() - tic)
-    entries, ref = [], None
-    for name, g in gens.items():
-        r = runs[name]
-        b1 = {**median_of(r["b1"], PLAIN_KEYS), "batch_size": 1}
-        bb = {**median_of(r["bb"], PLAIN_KEYS), "batch_size": batch}
-        ref = b1["per_token_ms"] if ref is None else ref
-        entry: dict[str, Any] = {
-            "name": name, "method": g.method, "weights_mb": weight_bytes(g.model) / 2**20,
-            "prefill_ms": 1e3 * b1["prefill_s"] / len(prompts), "batch1": b1, "batched": bb,
-            "relative_decode_time": b1["per_token_ms"] / ref, "speculative": None}
-        if name in drafts:
-            d = median_of(r["draft"], PLAIN_KEYS)
-            c = d["per_token_ms"] / b1["per_token_ms"]
-            by_k = {}
-            for k in ks:
-                sp = median_of(r[f"k{k}"], SPEC_KEYS)
-                speedup = b1["wall_s"] / sp["wall_s"]
-                bound = speculative_bound(sp["alpha"], k, c)
-                by_k[str(k)] = {**sp, "k": k, "speedup": speedup, "bound": bound,
-                                "fraction_of_bound": speedup / bound,
-                                "identical": tokens[name][f"k{k}"] == tokens[name]["plain"]}
-            best = max(by_k, key=lambda key: by_k[key]["speedup"])
-            entry["speculative"] = {
-                "c": c, "draft_per_token_ms": d["per_token_ms"], "draft": g.draft_info,
-                "by_k": by_k, "best_k": int(best),
-                "identical": all(v["identical"] for v in by_k.values()),
-                "paper_faster_fraction": PAPER_SPECULATIVE_SPEEDUP}
-        entries.append(entry)
-    return entries
+                on_round(rep, name, runs[name]["b1"][-1], seconds[name])
+    return [_entry(name, g, runs[name], tokens[name], len(prompts), batch, ks,
+                   ref=runs[next(iter(gens))]["b1"])
+            for name, g in gens.items()]
+
+
+def _run(g: Generator, draft: Generator | None, kind: str, prompts: list[str],
+         new_tokens: int, batch: int):
+    """One measurement of ``kind`` (b1, bb, lean, draft, k<k>) on ``prompts``."""
+    if kind == "b1":
+        return timed(g, prompts, new_tokens, batch_size=1, engine="transformers")
+    if kind == "bb":
+        return timed(g, prompts, new_tokens, batch_size=batch, engine="transformers")
+    if kind == "lean":
+        return timed(g, prompts, new_tokens, engine="lean")
+    if kind == "draft":
+        return timed(draft, prompts, new_tokens, engine="lean")
+    return timed(g, prompts, new_tokens, speculative=True, draft_length=int(kind[1:]),
+                 engine="lean")
+
+
+def _entry(name: str, g: Generator, r: dict[str, list], tokens: dict[str, list],
+           n_prompts: int, batch: int, ks: list[int], ref: list[dict]) -> dict[str, Any]:
+    """The reported entry of one model from its runs (see :func:`measure_decode`)."""
+    b1 = {**median_of(r["b1"], PLAIN_KEYS), "batch_size": 1}
+    bb = {**median_of(r["bb"], PLAIN_KEYS), "batch_size": batch} if "bb" in r else None
+    ref_ms = median_of(ref, ("per_token_ms",))["per_token_ms"]
+    entry: dict[str, Any] = {
+        "name": name, "method": g.method, "weights_mb": weight_bytes(g.model) / 2**20,
+        "prefill_ms": 1e3 * b1["prefill_s"] / n_prompts, "batch1": b1, "batched": bb,
+        "relative_decode_time": b1["per_token_ms"] / ref_ms, "speculative": None}
+    if "lean" not in r:
+        return entry
+    lean = median_of(r["lean"], PLAIN_KEYS)
+    d = median_of(r["draft"], PLAIN_KEYS)
+    c = d["per_token_ms"] / lean["per_token_ms"]
+    by_k = {}
+    for k in ks:
+        sp = median_of(r[f"k{k}"], SPEC_KEYS)
+        speedup = lean["wall_s"] / sp["wall_s"]
+        bound = speculative_bound(sp["alpha"], k, c)
+        by_k[str(k)] = {**sp, "k": k, "speedup": speedup,
+                        "speedup_vs_transformers": b1["wall_s"] / sp["wall_s"],
+                        "bound": bound, "fraction_of_bound": speedup / bound,
+                        "identical": tokens[f"k{k}"] == tokens["b1"] == tokens["lean"]}
+    best = max(by_k, key=lambda key: by_k[key]["speedup"])
+    entry["speculative"] = {
+        "c": c, "per_token_ms": lean["per_token_ms"], "draft_per_token_ms": d["per_token_ms"],
+        "lean": lean, "draft": g.draft_info, "by_k": by_k, "best_k": int(best),
+        "identical": all(v["identical"] for v in by_k.values()),
+        "paper_faster_fraction": PAPER_SPECULATIVE_SPEEDUP}
+    return entry
