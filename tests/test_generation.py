@@ -221,15 +221,42 @@ def test_few_row_linears_equal_f_linear_and_restore_it():
     w, b = torch.randn(7, 5), torch.randn(7)
     for shape in [(1, 3, 5), (2, 5), (1, 1, 5), (1, 12, 5), (5,)]:
         x = torch.randn(*shape)
-        with few_row_linears(max_rows=8):
+        with few_row_linears(max_rows=8, route=True):
             assert F.linear is not original
             got, got_nb = F.linear(x, w, b), F.linear(x, w)
         assert got.shape == original(x, w, b).shape and got.is_contiguous()
         assert torch.allclose(got, original(x, w, b), atol=1e-6)
         assert torch.allclose(got_nb, original(x, w), atol=1e-6)
-    with pytest.raises(RuntimeError), few_row_linears():
+    with pytest.raises(RuntimeError), few_row_linears(route=True):
         raise RuntimeError("boom")
     assert F.linear is original  # restored, also after an error
+    with few_row_linears(route=False):
+        assert F.linear is original  # where F.linear is the faster form it stays
+
+
+def test_mm_form_timing_is_cached_per_thread_count():
+    from flexigpt.generation import speculative
+
+    verdict = speculative.mm_form_is_faster()
+    assert isinstance(verdict, bool)
+    assert speculative._MM_FASTER[torch.get_num_threads()] is verdict
+
+
+def test_lean_engine_suppresses_eos_when_ignored_like_transformers(tiny_tokenizer):
+    """With ``ignore_eos`` transformers masks EOS out (``min_new_tokens``); the lean loops
+    must too, or they decode another sequence whenever the model's argmax is EOS."""
+    model, manifest = flexi()
+    gen = gen_for(model, manifest, tiny_tokenizer)
+    first = gen.generate(PROMPTS[:1], max_new_tokens=4, ignore_eos=True).token_ids[0][0]
+    model.generation_config.eos_token_id = first  # the greedy first token is now "EOS"
+    plain = gen.generate(PROMPTS[:1], max_new_tokens=8, ignore_eos=True)
+    assert first not in plain.token_ids[0] and len(plain.token_ids[0]) == 8
+    lean = gen.generate(PROMPTS[:1], max_new_tokens=8, ignore_eos=True, engine="lean")
+    spec = gen.generate(PROMPTS[:1], max_new_tokens=8, ignore_eos=True, speculative=True,
+                        draft_length=2, engine="lean")
+    assert lean.token_ids == plain.token_ids == spec.token_ids
+    stopped = gen.generate(PROMPTS[:1], max_new_tokens=8, engine="lean")
+    assert stopped.token_ids[0] == [first]  # not ignored: EOS ends the sequence
 
 
 def test_combine_sums_chunks_and_recomputes_ratios():

@@ -12,8 +12,9 @@ per-round cost is what the speed-up bound assumes; sampling runs transformers' a
 generation (speculative sampling keeps the full model's distribution). Both decode the
 prompts one by one whatever ``batch_size`` is (``stats["speculative_batch"] == 1``).
 
-Statistics (``GenerationOutput.stats``) come from forward hooks on the full model and the
-draft: wall time, tokens/s, prefill time (first forward) and per-token decode latency
+Statistics (``GenerationOutput.stats``; on transformers' path counted by forward hooks on
+the full model and the draft, on our loops by the loops themselves, rates computed from the
+sums by :func:`decode_rates`): wall time, tokens/s, prefill time (first forward) and per-token decode latency
 (``per_token_ms``: time per decode step after the first forward, one token per sequence of
 the batch; plain decoding only), and
 for speculative runs the number of draft and full forward passes, the rounds, drafted and
@@ -29,6 +30,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ from flexigpt.generation.speculative import DecodeResult, greedy_decode, specula
 log = logging.getLogger(__name__)
 
 __all__ = ["GenerationOutput", "Generator", "generate", "read_prompts", "speculative_bound",
-           "rss_bytes", "SPECULATIVE_METHODS", "DEFAULT_DRAFT_LENGTH", "ENGINES", "build_draft",
+           "rss_bytes", "decode_rates", "SPECULATIVE_METHODS", "DEFAULT_DRAFT_LENGTH", "ENGINES", "build_draft",
            "skipped_blocks", "draft_extra_bytes"]
 
 #: decoding engines: transformers' ``generate`` (assisted generation when speculative), our
@@ -78,6 +80,35 @@ def speculative_bound(alpha: float, k: int, c: float) -> float:
     per-token acceptance probability, k the draft length and c the draft/full cost ratio."""
     tokens = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
     return tokens / (k * c + 1)
+
+
+def decode_rates(sums: Mapping[str, float], batch_size: int = 1) -> dict[str, float]:
+    """The rates of a decoding run, from its sums (one home for every path that reports them:
+    transformers' ``generate``, our lean loops, and chunked runs combined in
+    :func:`flexigpt.generation.measure.combine`).
+
+    ``sums`` holds ``new_tokens`` and ``wall_s``; plain runs add ``decode_s`` and
+    ``decode_steps`` (forwards after the first, one token per sequence of the batch),
+    speculative runs ``rounds``, ``drafted``, ``accepted`` and ``rejections``. Returns
+    ``tokens_per_s``, then ``per_token_ms`` and ``decode_tokens_per_s`` (plain) or ``alpha``
+    (accepted / (accepted + rejections): the per-token acceptance probability's
+    maximum-likelihood estimate), ``accepted_fraction`` (of drafted tokens) and
+    ``tokens_per_round`` (speculative); NaN where a count is 0."""
+    def ratio(num: float, den: float, scale: float = 1.0) -> float:
+        return scale * num / den if den > 0 else math.nan
+
+    out = {"tokens_per_s": ratio(sums["new_tokens"], sums["wall_s"])}
+    if "decode_steps" in sums:
+        steps = sums["decode_steps"]
+        out["per_token_ms"] = ratio(sums["decode_s"], steps, 1e3)
+        out["decode_tokens_per_s"] = (ratio(steps * batch_size, sums["decode_s"]) if steps
+                                      else math.nan)
+    if "rounds" in sums:
+        accepted = sums["accepted"]
+        out["alpha"] = ratio(accepted, accepted + sums["rejections"])
+        out["accepted_fraction"] = ratio(accepted, sums["drafted"])
+        out["tokens_per_round"] = ratio(sums["new_tokens"], sums["rounds"])
+    return out
 
 
 class _Recorder:
@@ -220,17 +251,17 @@ class Generator:
                                   "pad_token_id": self.tokenizer.pad_token_id}
         if do_sample:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        eos = self.model.generation_config.eos_token_id
+        eos = self.tokenizer.eos_token_id if eos is None else eos
+        model_eos = set([eos] if isinstance(eos, int) else (eos or []))
+        eos_ids: set[int] = set() if ignore_eos else model_eos
         if ignore_eos:
             # EOS is masked out (min_new_tokens): every sequence gets max_new_tokens tokens
             kwargs.update(min_new_tokens=max_new_tokens)
-            eos_ids: set[int] = set()
-        else:
-            eos = self.model.generation_config.eos_token_id
-            eos = self.tokenizer.eos_token_id if eos is None else eos
-            eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
-        if lean:
+        if lean:  # the same rule: EOS masked out when ignored, a stop otherwise
             return self._generate_lean(prompts, max_new_tokens, draft, draft_length,
-                                       eos_ids, seed)
+                                       eos_ids, seed,
+                                       suppress_ids=model_eos if ignore_eos else set())
 
         torch.manual_seed(seed)
         full_rec = _Recorder(self.model)
@@ -286,39 +317,34 @@ class Generator:
             "max_new_tokens": max_new_tokens, "do_sample": do_sample, "seed": seed,
             "batch_size": batch_size, "speculative": speculative, "threads":
             torch.get_num_threads(), "wall_s": agg["wall_s"], "batches": agg["batches"],
-            "tokens_per_s": n_new / agg["wall_s"] if agg["wall_s"] > 0 else math.nan,
             "full_forwards": agg["full_forwards"]}
         if speculative:
-            a, r = agg["accepted"], agg["rejections"]
             stats.update(speculative_batch=1, draft_length=draft_length,
                          draft_forwards=agg["draft_forwards"], rounds=agg["rounds"],
-                         drafted=agg["drafted"], accepted=a, rejections=r,
-                         alpha=a / (a + r) if a + r else math.nan,
-                         accepted_fraction=a / agg["drafted"] if agg["drafted"] else math.nan,
-                         tokens_per_round=n_new / agg["rounds"] if agg["rounds"] else math.nan,
-                         draft=dict(self.draft_info))
+                         drafted=agg["drafted"], accepted=agg["accepted"],
+                         rejections=agg["rejections"], draft=dict(self.draft_info))
         else:
-            steps = agg["decode_steps"]
             stats.update(prefill_s=agg["prefill_s"], decode_s=agg["decode_s"],
-                         decode_steps=steps,
-                         per_token_ms=1e3 * agg["decode_s"] / steps if steps else math.nan,
-                         decode_tokens_per_s=(steps * batch_size / agg["decode_s"]
-                                              if agg["decode_s"] > 0 else math.nan))
-        stats["engine"] = "transformers"
+                         decode_steps=agg["decode_steps"])
+        stats.update(decode_rates(stats, batch_size), engine="transformers")
         return GenerationOutput(prompts=prompts, texts=texts, token_ids=new_ids, stats=stats)
 
     def _generate_lean(self, prompts: list[str], max_new_tokens: int, draft: nn.Module | None,
-                       draft_length: int, eos_ids: set[int], seed: int) -> GenerationOutput:
+                       draft_length: int, eos_ids: set[int], seed: int,
+                       suppress_ids: set[int] = frozenset()) -> GenerationOutput:
         """Greedy decoding of each prompt alone with our loops (plain, or speculative with
-        ``draft``); the same statistics as the transformers path."""
+        ``draft``); the same statistics as the transformers path. ``eos_ids`` end a
+        sequence, ``suppress_ids`` are never generated (EOS when it is ignored, as
+        transformers' ``min_new_tokens`` does)."""
         runs: list[DecodeResult] = []
         for prompt in prompts:
             ids = self.encode([prompt])["input_ids"][0]
             if draft is None:
-                runs.append(greedy_decode(self.model, ids, max_new_tokens, eos_ids))
+                runs.append(greedy_decode(self.model, ids, max_new_tokens, eos_ids,
+                                          suppress_ids))
             else:
                 runs.append(speculative_decode(self.model, draft, ids, max_new_tokens,
-                                               draft_length, eos_ids))
+                                               draft_length, eos_ids, suppress_ids))
         new_ids = [r.tokens for r in runs]
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in new_ids]
         wall = sum(r.wall_s for r in runs)
@@ -328,25 +354,20 @@ class Generator:
             "max_new_tokens": max_new_tokens, "do_sample": False, "seed": seed,
             "batch_size": 1, "speculative": draft is not None,
             "threads": torch.get_num_threads(), "wall_s": wall, "batches": len(runs),
-            "tokens_per_s": n_new / wall if wall > 0 else math.nan,
             "full_forwards": sum(r.full_forwards for r in runs), "engine": "lean"}
         if draft is None:
             prefill = sum(r.prefill_s for r in runs)
-            steps = sum(r.full_forwards - 1 for r in runs)
-            stats.update(prefill_s=prefill, decode_s=wall - prefill, decode_steps=steps,
-                         per_token_ms=1e3 * (wall - prefill) / steps if steps else math.nan,
-                         decode_tokens_per_s=steps / (wall - prefill) if steps else math.nan)
-            return GenerationOutput(prompts=prompts, texts=texts, token_ids=new_ids,
-                                    stats=stats)
-        rounds, drafted = sum(r.rounds for r in runs), sum(r.drafted for r in runs)
-        a, rej = sum(r.accepted for r in runs), sum(r.rejections for r in runs)
-        stats.update(speculative_batch=1, draft_length=draft_length,
-                     draft_forwards=sum(r.draft_forwards for r in runs), rounds=rounds,
-                     drafted=drafted, accepted=a, rejections=rej,
-                     alpha=a / (a + rej) if a + rej else math.nan,
-                     accepted_fraction=a / drafted if drafted else math.nan,
-                     tokens_per_round=n_new / rounds if rounds else math.nan,
-                     draft=dict(self.draft_info))
+            stats.update(prefill_s=prefill, decode_s=wall - prefill,
+                         decode_steps=sum(r.full_forwards - 1 for r in runs))
+        else:
+            stats.update(speculative_batch=1, draft_length=draft_length,
+                         draft_forwards=sum(r.draft_forwards for r in runs),
+                         rounds=sum(r.rounds for r in runs),
+                         drafted=sum(r.drafted for r in runs),
+                         accepted=sum(r.accepted for r in runs),
+                         rejections=sum(r.rejections for r in runs),
+                         draft=dict(self.draft_info))
+        stats.update(decode_rates(stats))
         return GenerationOutput(prompts=prompts, texts=texts, token_ids=new_ids, stats=stats)
 
 

@@ -27,7 +27,6 @@ run (KV cache, activations); ``weights_mb`` the distinct storage of a model's te
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 import threading
@@ -38,7 +37,8 @@ from typing import Any
 
 import torch
 
-from flexigpt.generation import DEFAULT_DRAFT_LENGTH, Generator, rss_bytes, speculative_bound
+from flexigpt.generation import (DEFAULT_DRAFT_LENGTH, Generator, decode_rates, rss_bytes,
+                                 speculative_bound)
 
 #: the paper's figure: self-speculative decoding is 30.11 % faster than plain FlexiGPT decoding
 PAPER_SPECULATIVE_SPEEDUP = 0.3011
@@ -126,25 +126,13 @@ _SUMS = ("wall_s", "prefill_s", "decode_s", "decode_steps", "new_tokens", "promp
          "full_forwards", "draft_forwards", "rounds", "drafted", "accepted", "rejections")
 
 
-def _ratio(num: float, den: float, scale: float = 1.0) -> float:
-    return scale * num / den if den else math.nan
-
-
 def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One run's statistics from its chunks' ``generate`` stats: sums of :data:`_SUMS`,
     maxima of the peak RSS figures, and the ratios recomputed from the sums."""
     out = {k: sum(p[k] for p in parts) for k in _SUMS if k in parts[0]}
     for key in ("peak_rss_mb", "peak_rss_delta_mb"):
         out[key] = max(p[key] for p in parts)
-    batch = parts[0]["batch_size"]
-    out["tokens_per_s"] = _ratio(out["new_tokens"], out["wall_s"])
-    if "decode_steps" in out:
-        out["per_token_ms"] = _ratio(out["decode_s"], out["decode_steps"], 1e3)
-        out["decode_tokens_per_s"] = _ratio(out["decode_steps"] * batch, out["decode_s"])
-    if "rounds" in out:
-        out["alpha"] = _ratio(out["accepted"], out["accepted"] + out["rejections"])
-        out["accepted_fraction"] = _ratio(out["accepted"], out["drafted"])
-        out["tokens_per_round"] = _ratio(out["new_tokens"], out["rounds"])
+    out.update(decode_rates(out, parts[0]["batch_size"]))
     return out
 
 
