@@ -14,13 +14,13 @@ prompts one by one whatever ``batch_size`` is (``stats["speculative_batch"] == 1
 
 Statistics (``GenerationOutput.stats``; on transformers' path counted by forward hooks on
 the full model and the draft, on our loops by the loops themselves, rates computed from the
-sums by :func:`decode_rates`): wall time, tokens/s, prefill time (first forward) and per-token decode latency
-(``per_token_ms``: time per decode step after the first forward, one token per sequence of
-the batch; plain decoding only), and
-for speculative runs the number of draft and full forward passes, the rounds, drafted and
-accepted tokens, the acceptance rate α (maximum-likelihood estimate of the per-token
-acceptance probability of the speculative decoding analysis: accepted / (accepted +
-rejections)), the accepted fraction of drafted tokens and the mean tokens per round.
+sums by :func:`decode_rates`): wall time, tokens/s, prefill time (first forward) and
+per-token decode latency (``per_token_ms``: time per decode step after the first forward,
+one token per sequence of the batch; plain decoding only), and for speculative runs the
+number of draft and full forward passes, the rounds, drafted and accepted tokens, the
+acceptance rate α (maximum-likelihood estimate of the per-token acceptance probability of
+the speculative decoding analysis: accepted / (accepted + rejections)), the accepted
+fraction of drafted tokens and the mean tokens per round.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from flexigpt.generation.speculative import DecodeResult, greedy_decode, specula
 log = logging.getLogger(__name__)
 
 __all__ = ["GenerationOutput", "Generator", "generate", "read_prompts", "speculative_bound",
-           "rss_bytes", "decode_rates", "SPECULATIVE_METHODS", "DEFAULT_DRAFT_LENGTH", "ENGINES", "build_draft",
-           "skipped_blocks", "draft_extra_bytes"]
+           "decode_rates", "rss_bytes", "SPECULATIVE_METHODS", "DEFAULT_DRAFT_LENGTH", "ENGINES",
+           "build_draft", "skipped_blocks", "draft_extra_bytes"]
 
 #: decoding engines: transformers' ``generate`` (assisted generation when speculative), our
 #: lean greedy loops (:mod:`flexigpt.generation.speculative`; batch 1), or ``auto`` = lean
