@@ -158,7 +158,7 @@ def rft_only(args: argparse.Namespace) -> list[dict[str, Any]]:
     from flexigpt.calibration import token_windows
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(args.model_dirs[0])
+    tok = AutoTokenizer.from_pretrained(args.model_dirs[0], trust_remote_code=False)
     val = token_windows(args.validation, tok, args.ppl_seq_len, args.ppl_windows)
     rows = []
     for model_dir in map(Path, args.model_dirs):

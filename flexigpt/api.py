@@ -27,7 +27,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
              options: dict[str, Any] | None = None, calibration: str | None = None,
              n_calibration: int = 128, calibration_seq_len: int = 512, seed: int = 0,
              dtype: str = "float32", force: bool | None = None,
-             device: str = "cpu") -> Manifest:
+             device: str = "cpu", accept_ratio_miss: bool = False) -> Manifest:
     """Load ``model_spec``, compress it with ``method`` and save to ``out_dir``.
 
     Args:
@@ -45,17 +45,25 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
             manifest. The saved weights are the same files on any device.
         force: replace an existing ``out_dir`` that is not a saved model (default: the
             :func:`flexigpt.artifacts.force_outputs` setting, off).
+        accept_ratio_miss: compress a block-count method (``MethodFacts.block_count``) at a
+            ratio no block count reaches within half a block step (logged as a warning with
+            target and achieved) instead of refusing it.
 
     Returns:
         The manifest written to ``out_dir/manifest.json``.
 
     Raises:
         OutputExistsError: ``out_dir`` holds something else (checked before any work).
-        ValueError: bad options, a FlexiGPT rank too large to compress (names the largest
-            useful rank), or calibration windows longer than the model's positions.
+        ValueError: bad options, a non-positive ``n_calibration``/``calibration_seq_len``, a
+            FlexiGPT rank too large to compress (names the largest useful rank), calibration
+            windows longer than the model's positions, or a ratio out of reach of the block
+            count policy (:class:`flexigpt.block_count.RatioOutOfReach`, naming target,
+            achieved and the achievable range; checked after loading, before any work).
     """
     spec = get_method(method)
     cfg = spec.make_config(**(options or {}))  # validate before any heavy work
+    check_count(n_calibration, "n_calibration")
+    check_count(calibration_seq_len, "calibration_seq_len")
     if spec.needs_calibration and calibration is None:
         raise ValueError(f"method {method!r} needs a calibration text file (--calibration)")
     check_output(out_dir, "model", force)  # refuse before loading anything
@@ -66,6 +74,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         from flexigpt.methods.surgery import check_flexigpt_rank
 
         check_flexigpt_rank(model, cfg)
+    check_ratio_reach(method, model, cfg, accept_ratio_miss)
     if spec.needs_calibration:
         check_positions(model.config, calibration_seq_len, "--seq-len (calibration window)")
     dense_params = count_parameters(model)
@@ -88,6 +97,28 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         seed=seed, dtype=dtype, compress_seconds=round(seconds, 3),
         device=str(model_device(model)))
     return save_compressed(result.model, tokenizer, manifest, out_dir, force=force)
+
+
+def check_ratio_reach(method: str, model: Any, cfg: Any, accept_miss: bool = False) -> None:
+    """Refuse a block-count method's ratio that no block count of ``model`` reaches within
+    half a block step (:func:`flexigpt.block_count.method_plan`); with ``accept_miss`` log
+    it as a warning instead. Either way target and achieved are logged."""
+    from flexigpt.block_count import method_plan
+
+    found = method_plan(method, model, cfg, accept_miss=accept_miss)
+    if found is None:
+        return
+    if found.in_reach:
+        log.info("block count: %s", found.summary())
+    else:
+        log.warning("%s (kept: accept_ratio_miss)", found.out_of_reach())
+
+
+def check_count(value: Any, what: str, minimum: int = 1) -> None:
+    """``ValueError`` naming ``what`` unless ``value`` is an integer >= ``minimum`` (a bool
+    is not a count). Used for every count-like argument and CLI flag (``what`` = the flag)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
 
 
 def check_positions(config: Any, seq_len: int, what: str = "sequence length") -> None:

@@ -32,6 +32,23 @@ weights and of every other file the rebuild reads (``files``), and ``load_compre
 checks them, the structure against ``config.json`` and the weights' sharing against the
 rebuilt skeleton. :func:`manifest_hash` ignores only the fields that are meant to differ
 between identical runs (:data:`VOLATILE_KEYS`: timestamps and timings).
+
+Trust (issue 37): loading never runs or unpickles anything a directory brings along, and
+reads nothing a save did not record. ``manifest.json``'s ``files`` lists every file the
+save wrote besides itself, the weights (``weights``) and the marker; ``load_compressed``
+refuses a directory holding any other file (:func:`check_listed`) except the records that
+no loader reads (:data:`RECORD_FILES`: the model card, a training run's log, curve and
+sweep records), so a tokenizer file dropped in later cannot change the model under an
+unchanged :func:`manifest_hash`. A manifest without ``files`` (saved before file hashes
+were recorded, migrated to ``{}``) cannot tell its own files from added ones: it loads
+only with ``verify=False`` (check the directory, then save it again to record them).
+Every path a manifest or marker names must lie inside the directory — relative, without
+``..``, no symlink out (:func:`check_inside`) — or the load stops before anything is
+opened or hashed. Weights are safetensors only: pickled formats (:data:`PICKLE_SUFFIXES`)
+are refused by name before torch sees them. A harness-written directory without a
+manifest is held to its marker the same way (:func:`verify_marker`). Remote code is
+refused in :mod:`flexigpt.models.loading` (``refuse_remote_code``): every harness load
+passes ``trust_remote_code=False``.
 """
 
 from __future__ import annotations
@@ -48,7 +65,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -70,6 +87,13 @@ VOLATILE_KEYS = frozenset({"created", "compress_seconds", "timings", "train_seco
                            "wall_seconds", "tokens_per_second", "build_seconds", "built_at"})
 #: files a model card rewrite (``flexigpt export --card``) may change after the save
 _REWRITABLE = frozenset({"README.md"})
+#: files a saved model directory may hold without its manifest listing them: written after
+#: the manifest (the model card; a training run's log, curve and LR-sweep records) and read
+#: by no model, config or tokenizer loader
+RECORD_FILES = frozenset({"README.md", "train_log.csv", "loss_curve.png", "selection.json",
+                          "trial.json"})
+#: suffixes of pickled weight formats, which the harness never loads (they can run code)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
 class CheckpointError(RuntimeError):
@@ -490,15 +514,70 @@ def read_manifest(model_dir: str | os.PathLike) -> Manifest:
     return manifest
 
 
+def escapes(name: str) -> bool:
+    """Whether the recorded path ``name`` could name something outside its directory by
+    its spelling alone: empty, absolute (POSIX or Windows), or with a ``..`` part."""
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    parts = name.replace("\\", "/").split("/")
+    return (not name or PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute()
+            or bool(PureWindowsPath(name).drive) or ".." in parts)
+
+
+def check_inside(directory: str | os.PathLike, names: Iterable[str], what: str) -> None:
+    """Raise :class:`CheckpointError` unless every path in ``names`` (recorded in ``what``)
+    lies inside ``directory``: relative, without ``..``, and not a symlink (or under a
+    symlinked folder) that resolves outside. Reads no file: call it before opening or
+    hashing any recorded path, so a record cannot make the loader read (or reveal the
+    existence of) anything outside the directory."""
+    directory = Path(directory)
+    root = directory.resolve()
+    bad = sorted(n for n in names
+                 if escapes(n) or not (directory / n).resolve().is_relative_to(root))
+    if bad:
+        raise CheckpointError(f"{str(directory)!r}: {what} names {bad[:5]} outside the "
+                              "directory (absolute, '..' or a symlink out); refusing to open it")
+
+
+def unlisted(directory: str | os.PathLike, allowed: Iterable[str]) -> list[str]:
+    """The files under ``directory`` (relative POSIX paths, symlinks included, any depth)
+    that are not in ``allowed``, sorted."""
+    allowed = set(allowed)
+    files, _ = _entries(Path(directory))
+    return [f for f in files if f not in allowed]
+
+
+def check_listed(directory: str | os.PathLike, allowed: Iterable[str], what: str) -> None:
+    """Raise :class:`CheckpointError` naming every file in ``directory`` that is not in
+    ``allowed`` (what ``what`` records): a file added after the save could change what
+    transformers' loaders read (tokenizer side files, chat templates) unnoticed."""
+    extra = unlisted(directory, allowed)
+    if extra:
+        raise CheckpointError(
+            f"{str(directory)!r} holds {extra[:8]}{' …' if len(extra) > 8 else ''} that "
+            f"{what} does not list (added after the save?); flexigpt-bench loads only the "
+            "files a save recorded — remove them")
+
+
 def verify_files(model_dir: str | os.PathLike, recorded: dict[str, str], what: str) -> None:
-    """Raise :class:`CheckpointError` naming every file whose sha256 differs from ``recorded``."""
+    """Raise :class:`CheckpointError` naming every file whose sha256 differs from
+    ``recorded`` (or is missing). Every recorded path is checked to lie inside
+    ``model_dir`` (:func:`check_inside`) before any is opened. A ``symlink:<target>`` entry
+    (a marker's record of a symlink) must still be that symlink; :data:`_REWRITABLE`
+    files and the marker are not hashed."""
     model_dir = Path(model_dir)
+    check_inside(model_dir, recorded, what)
     bad, missing = [], []
     for name, digest in sorted(recorded.items()):
         path = model_dir / name
-        if name in _REWRITABLE or name == MARKER or digest.startswith("symlink:"):
+        if name in _REWRITABLE or name == MARKER:
             continue
-        if not path.is_file():
+        if digest.startswith("symlink:"):
+            if not path.is_symlink():
+                missing.append(name)
+            elif os.readlink(path) != digest[len("symlink:"):]:
+                bad.append(name)
+        elif not path.is_file():
             missing.append(name)
         elif _cached_sha(path) != digest:
             bad.append(name)
@@ -510,11 +589,60 @@ def verify_files(model_dir: str | os.PathLike, recorded: dict[str, str], what: s
 
 
 def verify_marker(directory: str | os.PathLike) -> None:
-    """Check a harness-written directory's files against its ``.flexigpt-output.json``
-    (no marker: nothing to check). Raises :class:`CheckpointError` naming what changed."""
+    """Check a harness-written directory against its ``.flexigpt-output.json``: every
+    recorded path inside the directory, no file the marker does not list, every listed
+    file unchanged (no marker: nothing to check). Raises :class:`CheckpointError` naming
+    what is wrong."""
     marker = _read_json(Path(directory) / MARKER)
     if isinstance(marker, dict) and isinstance(marker.get("files"), dict):
-        verify_files(directory, marker["files"], MARKER)
+        recorded = marker["files"]
+        if not all(isinstance(v, str) for v in recorded.values()):
+            raise CheckpointError(f"{str(Path(directory) / MARKER)!r} is not a valid marker "
+                                  "(its 'files' values must be strings)")
+        check_inside(directory, recorded, MARKER)
+        check_listed(directory, {*recorded, MARKER}, MARKER)
+        verify_files(directory, recorded, MARKER)
+
+
+def check_saved_files(model_dir: str | os.PathLike, manifest: Manifest,
+                      verify: bool = True) -> Path:
+    """The weights path of the saved model in ``model_dir``, once its manifest's paths
+    and the directory's files can be trusted; nothing is opened or hashed before the
+    paths are checked.
+
+    Always: every path ``manifest`` names lies inside ``model_dir`` and the weights are
+    safetensors. With ``verify``: the manifest has a file list (``files``) and the
+    directory holds no file it does not list besides :data:`RECORD_FILES`, the manifest
+    and the marker; then the weights' and every listed file's sha256 match.
+
+    Raises:
+        CheckpointError: naming the directory and the offending path(s).
+    """
+    model_dir = Path(model_dir)
+    files = manifest.files or {}
+    check_inside(model_dir, [manifest.weights.file, *files], MANIFEST)
+    weights = model_dir / manifest.weights.file
+    if not manifest.weights.file.endswith(".safetensors"):
+        raise CheckpointError(f"weights file {str(weights)!r} is not safetensors; "
+                              "flexigpt-bench loads safetensors only (pickled weights can "
+                              "run code when loaded)")
+    if not weights.is_file():
+        raise CheckpointError(f"weights file {str(weights)!r} is missing")
+    if not verify:
+        return weights
+    if not files:
+        raise CheckpointError(
+            f"{str(model_dir / MANIFEST)!r} has no file list ('files': saved before "
+            "flexigpt-bench recorded every file), so files added after its save cannot be "
+            "told apart; check the directory, then load it with "
+            "load_compressed(dir, verify=False) and save it again")
+    check_listed(model_dir, {*files, manifest.weights.file, MANIFEST, MARKER, *RECORD_FILES},
+                 MANIFEST)
+    if _cached_sha(weights) != manifest.weights.sha256:
+        raise CheckpointError(f"weights file {str(weights)!r} is corrupt: its sha256 "
+                              "does not match manifest.json")
+    verify_files(model_dir, files, MANIFEST)
+    return weights
 
 
 def _skeleton_sharing(model: nn.Module) -> dict[str, str]:
@@ -575,12 +703,17 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
             checkpoint directory / hub id (loaded with ``load_model``; manifest None).
         dtype: dtype of the returned weights.
         device: where the weights go, a :mod:`flexigpt.devices` setting.
-        verify: check the sha256 of the weights and the other recorded files, the
+        verify: check that the directory holds only the files the manifest lists (besides
+            :data:`RECORD_FILES`), the sha256 of the weights and of those files, the
             structure in config.json and the weights' sharing against the manifest.
+            Whatever ``verify`` says, the manifest's paths must lie inside the directory,
+            the weights must be safetensors and no remote code is run (see the module
+            docstring, "Trust").
 
     Raises:
-        CheckpointError: missing/corrupt files, checksum mismatch, or weights that do not
-            match the rebuilt architecture.
+        CheckpointError: missing/corrupt/unlisted files, a path outside the directory,
+            checksum mismatch, or weights that do not match the rebuilt architecture.
+        ModelLoadError: the tokenizer needs remote code.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_model as st_load_model
@@ -588,7 +721,7 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
 
     from flexigpt import devices
     from flexigpt.export.checkpoint import family_config
-    from flexigpt.models.loading import load_model, parse_dtype
+    from flexigpt.models.loading import load_model, parse_dtype, refuse_remote_code
     from flexigpt.registry import get_method
 
     device = devices.resolve_device(device)  # a bad setting fails before any reading
@@ -597,14 +730,9 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
         model, tok = load_model(str(model_dir), dtype=dtype, device=device, verify=verify)
         return LoadedModel(model, tok, None)
     manifest = read_manifest(model_dir)  # saved: weights and files are recorded
-    weights = model_dir / manifest.weights.file
-    if not weights.is_file():
-        raise CheckpointError(f"weights file {str(weights)!r} is missing")
-    if verify and _cached_sha(weights) != manifest.weights.sha256:
-        raise CheckpointError(f"weights file {str(weights)!r} is corrupt: its sha256 "
-                              "does not match manifest.json")
-    if verify:
-        verify_files(model_dir, manifest.files, "manifest.json")
+    weights = check_saved_files(model_dir, manifest, verify)
+    # config.json's auto_map is the self-contained format's own (never used here)
+    refuse_remote_code(model_dir, files=("tokenizer_config.json",))
     config = family_config(model_dir)  # the family's config, also for self-contained dirs
     try:
         model = get_method(manifest.method).rebuild(config, manifest.structure)
@@ -622,7 +750,7 @@ def load_compressed(model_dir: str | os.PathLike, dtype: str | torch.dtype = "fl
         raise CheckpointError(
             f"{str(weights)!r} does not match the rebuilt {manifest.method} model: "
             f"missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, config=config)  # no remote-code prompt
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, config=config, trust_remote_code=False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device=device, dtype=parse_dtype(dtype)).eval()

@@ -11,13 +11,31 @@ functions, so rows compared in one table round the same way:
 
 A like-for-like baseline passes the achieved ratio of the FlexiGPT model it is compared with
 as its target, so the two rows land within half of the baseline's block step of each other.
+
+Reach (:func:`plan`): a target that no block count gets within half a block step of — below
+half of what one block achieves, or more than half a block step beyond what L − 1 blocks
+achieve — is refused under either policy (:class:`RatioOutOfReach`), by the DAG-build check
+(:mod:`flexigpt.config_check`) and by ``flexigpt.api.compress`` before any work, unless the
+caller accepts the miss (``flexigpt compress --accept-ratio-miss``). Inside that range
+``matched`` lands within half a step by construction, while ``paper`` keeps its documented
+int(ratio · L) (a block fraction, below the parameter target by the adapters' overhead).
+:func:`method_plan` computes the achieved ratios of a registered method on a model (real or
+meta-device skeleton) the way the method itself counts them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 POLICIES = ("matched", "paper")
+#: how a block-count method's removal changes the parameter count (``MethodFacts.block_count``)
+REMOVALS = ("remove", "replace")
+
+
+class RatioOutOfReach(ValueError):
+    """A ratio that no block count achieves within half a block step."""
 
 
 def paper_block_count(ratio: float, n_blocks: int) -> int:
@@ -63,3 +81,129 @@ def block_count(policy: str, ratio: float, n_blocks: int,
     if policy == "matched":
         return nearest_block_count(ratio, achieved, n_blocks)
     raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a policy makes of ``target`` on one model: ``k`` of ``n_blocks`` blocks removed,
+    achieving ``achieved``; ``low``/``high`` are what 1 and ``n_blocks`` − 1 blocks achieve,
+    ``first_step``/``last_step`` one block's share at either end."""
+
+    policy: str
+    target: float
+    n_blocks: int
+    k: int
+    achieved: float
+    low: float
+    high: float
+    first_step: float
+    last_step: float
+
+    @property
+    def in_reach(self) -> bool:
+        """Some block count achieves ``target`` within half a block step."""
+        return (self.low - self.first_step / 2 <= self.target
+                <= self.high + self.last_step / 2)
+
+    def summary(self) -> str:
+        """``target 0.3, achieved 0.2121 (9 of 30 blocks, policy 'paper')``."""
+        return (f"target {self.target:g}, achieved {self.achieved:.4f} ({self.k} of "
+                f"{self.n_blocks} blocks, policy {self.policy!r})")
+
+    def out_of_reach(self, what: str = "ratio") -> str:
+        """The refusal: target, what the policy would achieve, and the achievable range."""
+        side = "above" if self.target > self.high else "below"
+        return (f"{what} {self.target:g} is out of reach: removing 1..{self.n_blocks - 1} of "
+                f"{self.n_blocks} blocks achieves {self.low:.4f}..{self.high:.4f} (one block "
+                f"≈ {self.last_step:.4f}), and the target lies more than half a block step "
+                f"{side} that; policy {self.policy!r} would remove {self.k} blocks, "
+                f"achieving {self.achieved:.4f}")
+
+
+def plan(policy: str, target: float, n_blocks: int, achieved: Callable[[int], float],
+         accept_miss: bool = False, what: str = "ratio") -> Plan:
+    """The block count ``policy`` gives for ``target`` and what it achieves.
+
+    Args:
+        achieved: achieved parameter reduction of removing k blocks (k in [1, n_blocks)).
+        accept_miss: return the plan of an out-of-reach target instead of refusing it.
+        what: the name of the target in messages (a flag or config key).
+
+    Raises:
+        ValueError: the policy's own refusal (:func:`block_count`, whatever
+            ``accept_miss``): ``paper``'s int(ratio · L) = 0, ``matched``'s target beyond
+            the last block count; or no block count reduces the parameter count.
+        RatioOutOfReach: otherwise, ``target`` is out of reach (:attr:`Plan.in_reach`) and
+            not ``accept_miss``; the message names ``what``, the target, what the policy
+            would achieve and the achievable range.
+    """
+    if n_blocks < 2:
+        raise ValueError(f"removing blocks needs at least 2 blocks, the model has {n_blocks}")
+    values = {k: achieved(k) for k in range(1, n_blocks)}
+    last = n_blocks - 1
+    if values[last] <= 0:
+        raise ValueError("no block count reduces the parameter count (each removal adds "
+                         "as many parameters as it saves); lower the adapter rank")
+    k = block_count(policy, target, n_blocks, values.__getitem__)  # the policy's own refusal
+    found = Plan(policy, float(target), n_blocks, k, values[k], values[1], values[last],
+                 values[1], values[last] - values.get(last - 1, 0.0))
+    if not found.in_reach and not accept_miss:
+        raise RatioOutOfReach(found.out_of_reach(what))
+    return found
+
+
+def _param_count(module: Any) -> int:
+    """Unique parameters of ``module``, as :func:`flexigpt.params.count_parameters` counts
+    them; on the meta device (no storage to tell shared tensors apart) parameters are
+    de-duplicated by identity, which is how an HF skeleton ties its embeddings."""
+    params = list(module.parameters())
+    if any(p.is_meta for p in params):
+        return sum(p.numel() for p in params)
+    from flexigpt.params import count_parameters
+
+    return count_parameters(module)
+
+
+def achieved_curve(removal: str, model: Any, cfg: Any) -> tuple[int, Callable[[int], float]]:
+    """``(n_blocks, achieved)`` of removing k blocks of ``model`` (real or meta skeleton).
+
+    ``remove`` (ShortGPT): k whole blocks (blocks have one shape, so which k does not
+    matter); ``replace`` (FlexiGPT): k blocks replaced by weight-shared copies, each saving
+    ``flexigpt.methods.prune.saving_per_block``'s net count for ``cfg``'s rank, output norm
+    and pre-norm choice (what ``blocks_to_prune`` counts).
+    """
+    from flexigpt.models.adapters import get_adapter
+
+    adapter = get_adapter(model)
+    blocks = list(adapter.layers(model))
+    dense = _param_count(model)
+    if removal == "remove":
+        per_block = sum(_param_count(b) for b in blocks) / len(blocks)
+    elif removal == "replace":
+        from flexigpt.methods.prune import saving_per_block
+        from flexigpt.methods.surgery import default_rank, matrix_ranks
+
+        rank = getattr(cfg, "rank", None) or default_rank(model.config.hidden_size)
+        ranks = matrix_ranks(adapter, blocks[0], rank)
+        per_block = saving_per_block(model, ranks, getattr(cfg, "output_norm", True),
+                                     getattr(cfg, "prenorm", "copy"))["net"]
+    else:
+        raise ValueError(f"removal must be one of {list(REMOVALS)}, got {removal!r}")
+    return len(blocks), lambda k: k * per_block / dense
+
+
+def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
+                what: str = "ratio") -> Plan | None:
+    """:func:`plan` of registered ``method`` with config ``cfg`` on ``model``; None for a
+    method whose ratio is not a block count (``MethodFacts.block_count`` unset). The target
+    is ``cfg.match_ratio`` under ``matched`` when set (a like-for-like baseline), else
+    ``cfg.ratio``. Raises as :func:`plan`."""
+    from flexigpt.registry import METHODS
+
+    removal = METHODS[method].block_count
+    if removal is None:
+        return None
+    match = getattr(cfg, "match_ratio", None)
+    target = match if cfg.policy == "matched" and match is not None else cfg.ratio
+    n_blocks, achieved = achieved_curve(removal, model, cfg)
+    return plan(cfg.policy, target, n_blocks, achieved, accept_miss, what)

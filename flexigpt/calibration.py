@@ -17,15 +17,26 @@ import torch
 
 
 class CalibrationDataError(ValueError):
-    """The text file is missing, empty, or too short for the requested windows."""
+    """The text file is missing, a directory, not UTF-8, changed since its recorded build,
+    empty, or too short for the requested windows."""
 
 
 def read_documents(path: str | os.PathLike) -> list[str]:
-    """Documents of a text file (split on blank lines), stripped, empties dropped."""
+    """Documents of a text file (split on blank lines), stripped, empties dropped.
+
+    The file is read by :func:`flexigpt.input_files.read_text`: checked against the sha256 its
+    resource build recorded, decoded as UTF-8.
+
+    Raises:
+        CalibrationDataError: one line naming the file and the problem.
+    """
+    from flexigpt.input_files import InputFileError, read_text
+
     path = Path(path)
-    if not path.is_file():
-        raise CalibrationDataError(f"text file {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = read_text(path, "text file")
+    except InputFileError as err:
+        raise CalibrationDataError(str(err)) from None
     docs = [d.strip() for d in text.split("\n\n")]
     docs = [d for d in docs if d]
     if not docs:

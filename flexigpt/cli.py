@@ -4,9 +4,12 @@ Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
 ``run(args) -> int``; it is imported only when its subcommand runs.
 
 Every user error ends the command with one line on stderr and exit code 2 (``-v`` shows
-the traceback). Commands that write an output directory refuse an existing ``--out`` that
-is not a previous output of theirs before any work, unless ``--force``
-(:func:`flexigpt.artifacts.check_output`).
+the traceback); an I/O failure while writing ``--out`` (a full disk, also as safetensors'
+``SafetensorError``) is one line naming ``--out`` (:func:`flexigpt.preflight.write_failure`;
+the atomic save leaves a previous output intact). Before any heavy work, commands that write
+an output directory refuse an existing ``--out`` that is not a previous output of theirs,
+unless ``--force`` (:func:`flexigpt.artifacts.check_output`), every ``--out`` must be
+writable (:func:`flexigpt.preflight.check_writable`), and input text paths must be files.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import importlib
 import logging
 import sys
 from pathlib import Path
+
+from safetensors import SafetensorError
 
 #: subcommand → module. Add a command by adding a module and a line here.
 COMMANDS: dict[str, str] = {
@@ -34,8 +39,12 @@ COMMANDS: dict[str, str] = {
 #: commands writing a model directory to ``--out`` → the kind of output they write
 OUTPUT_KIND: dict[str, str] = {"compress": "model", "extend": "model", "train": "model",
                                "export": "export"}
-#: errors that are the user's (bad input, files, environment): one line, exit code 2
-USER_ERRORS = (ValueError, RuntimeError, KeyError, OSError, ArithmeticError)
+#: errors that are the user's (bad input, files, environment): one line, exit code 2;
+#: safetensors raises ``SafetensorError`` (no ``OSError``) for a failed write or a bad file
+USER_ERRORS = (ValueError, RuntimeError, KeyError, OSError, ArithmeticError, SafetensorError)
+#: command → its flags naming input text files, checked to be files before any work
+INPUT_TEXTS: dict[str, tuple[str, ...]] = {"compress": ("calibration",),
+                                           "extend": ("calibration",), "train": ("text",)}
 
 
 def _one_line(err: BaseException) -> str:
@@ -44,13 +53,30 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def _preflight(args: argparse.Namespace) -> None:
-    """Checks that need no heavy work: the output directory, the training window length."""
-    from flexigpt.artifacts import check_output
-
+def _output_flag(args: argparse.Namespace) -> str | None:
+    """The path this command writes (``--out``), or None (it writes none, or ``export
+    --card`` rewrites a model's card in place)."""
     out = getattr(args, "out", None)
-    if args.command in OUTPUT_KIND and out and not getattr(args, "card", False):
+    if not out or args.command == "run" or getattr(args, "card", False):
+        return None
+    return str(out)
+
+
+def _preflight(args: argparse.Namespace) -> None:
+    """Checks that need no heavy work: the output directory (not foreign, writable), the
+    input text files, the training window length."""
+    from flexigpt.artifacts import check_output
+    from flexigpt.input_files import check_file
+    from flexigpt.preflight import check_writable
+
+    out = _output_flag(args)
+    if args.command in OUTPUT_KIND and out:
         check_output(out, OUTPUT_KIND[args.command], args.force)
+    if out:
+        check_writable(out, "--out", directory=args.command != "evaluate")
+    for name in INPUT_TEXTS.get(args.command, ()):
+        if getattr(args, name, None):
+            check_file(getattr(args, name), f"--{name.replace('_', '-')} text file")
     if args.command == "train":
         model_dir = Path(args.model).expanduser()
         if (model_dir / "config.json").is_file():
@@ -95,8 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         if args.verbose:
             raise
-        print(f"flexigpt {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        print(f"flexigpt {args.command}: error: {_message(err, args)}", file=sys.stderr)
         return 2
+
+
+def _message(err: BaseException, args: argparse.Namespace) -> str:
+    """The one line of a user error: a failed write of ``--out`` names ``--out``."""
+    from flexigpt.preflight import write_failure
+
+    failed = write_failure(err, _output_flag(args))
+    return f"{type(err).__name__}: {failed}" if failed else _one_line(err)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@ wildcards ``{model}/{method}/{variant}/{setting}``:
 - A recovered run trains every point of its recipe's tuning grid in one job, by successive
   halving (:func:`flexigpt.training.tuning.run_sweep`, rung ``tuning.rung`` of the
   schedule), and keeps the best on the tuning split as ``trained/`` (its
-  ``selection.json`` lists every trial).
+  ``selection.json`` lists every trial). Its training log records the tuning-split
+  perplexity every ``training.eval_every_tokens`` tokens (:func:`curve_every_steps`).
+- The budget axis (``budget:``, :func:`budget_runs`): named Table 1 runs recovered again at
+  a ladder of token budgets, each a run of its own (variant ``tok<n>`` / ``<variant>_tok<n>``,
+  table ``budget``) whose schedule ends at its own budget.
 """
 
 from __future__ import annotations
@@ -35,7 +39,12 @@ RESOURCE_MODELS = {"smollm2": "resources/models/smollm2-135m",
                    "tiny-llama": "resources/models/tiny-llama",
                    "tiny-opt": "resources/models/tiny-opt"}
 #: tables a run can belong to (``labels.table`` of its result JSONs).
-TABLES = ("dense", "main", "paper_protocol", "kd", "ablation", "extension")
+TABLES = ("dense", "main", "paper_protocol", "kd", "ablation", "extension", "budget")
+#: how a budget ladder chooses learning rates (``budget.lr``): a sweep on the tuning split at
+#: every point, or the smallest point's choice reused above it.
+BUDGET_LR = ("sweep", "smallest")
+#: which budget points are scored on the tasks (``budget.tasks``; perplexity at every point).
+BUDGET_TASKS = ("all", "top")
 #: learning-rate keys a tuning grid may sweep, per trainer recipe.
 GRID_KEYS = {"flexigpt": ("lr", "gamma_lr"), "lora": ("lr",), "full": ("lr",)}
 #: name of the inference_cost rule's prompt-text input (every other input is a timed model)
@@ -74,6 +83,9 @@ class Run:
     dtype: str = "float32"
     device: str = "auto"  # where every job of the run computes (flexigpt.devices)
     label_variant: str | None = None  # a seed replicate's base variant (labels, tables)
+    budget_tokens: int | None = None  # a budget-ladder point: its token budget
+    budget_variant: str | None = None  # ... and the Table 1 variant it recovers again
+    scored_tasks: bool = True  # stage final scores the tasks (else perplexity only)
 
     @property
     def key(self) -> Key:
@@ -146,10 +158,15 @@ class Run:
                 "dtype": self.dtype, "device": self.device, **self.calibration}
 
     def labels(self, stage: str) -> dict[str, Any]:
-        return {"model": self.model, "method": self.method,
-                "variant": self.label_variant or self.variant,
-                "setting": self.setting, "ratio": self.ratio, "stage": stage, "seed": self.seed,
-                "table": self.table, "protocol": self.protocol, "loss": self.loss}
+        """The result JSON's ``labels``; a budget-ladder point adds ``budget_tokens`` and
+        ``budget_variant`` (the Table 1 variant it recovers again)."""
+        out = {"model": self.model, "method": self.method,
+               "variant": self.label_variant or self.variant,
+               "setting": self.setting, "ratio": self.ratio, "stage": stage, "seed": self.seed,
+               "table": self.table, "protocol": self.protocol, "loss": self.loss}
+        if self.budget_tokens is not None:
+            out.update(budget_tokens=self.budget_tokens, budget_variant=self.budget_variant)
+        return out
 
 
 def prefix_of(key: Key) -> str:
@@ -220,6 +237,105 @@ def replicate_runs(runs: dict[Key, Run], spec: dict[str, Any]) -> list[Run]:
                 lr_from=(run.lr_from or key) if run.recovery else None,
                 compressed_from=twin(run.compressed_from, seed)))
     return out
+
+
+def budget_variant(variant: str, tokens: int) -> str:
+    """The variant of a budget-ladder point: ``tok<n>`` for a default run, else
+    ``<variant>_tok<n>`` (so its paths are a pure function of the wildcards)."""
+    return f"tok{tokens}" if variant == "default" else f"{variant}_tok{tokens}"
+
+
+def step_tokens(training: dict[str, Any]) -> int:
+    """Tokens of one optimizer step (``global_batch · seq_len``, TrainConfig's defaults)."""
+    return (int(training.get("global_batch", _train_default("global_batch")))
+            * int(training.get("seq_len", _train_default("seq_len"))))
+
+
+def _ladder(spec: dict[str, Any], training: dict[str, Any]) -> list[int]:
+    """``budget.tokens`` sorted; each a whole number of optimizer steps, so every point's
+    schedule ends exactly at its own budget (ValueError otherwise)."""
+    ladder = sorted({int(t) for t in spec["tokens"]})
+    step = step_tokens(training)
+    odd = [t for t in ladder if t % step]
+    if odd:
+        raise ValueError(f"budget.tokens {odd} are not multiples of the {step} tokens of one "
+                         "optimizer step (training.global_batch x training.seq_len)")
+    return ladder
+
+
+def _ladder_bases(runs: dict[Key, Run], spec: dict[str, Any],
+                  ratios: list[float]) -> dict[Key, Run]:
+    """The Table 1 runs (base seed) the ladder recovers again: ``budget.runs`` at
+    ``budget.ratios`` (ValueError for a name that is not a recovered Table 1 run)."""
+    chosen = _table1_ratios("budget.ratios", spec, ratios)
+    names = [(method, variant or "default") for method, _, variant in
+             (name.partition("/") for name in spec["runs"])]
+    table1 = {k: r for k, r in runs.items() if r.table == "main" and r.label_variant is None}
+    for name in names:
+        if not any((r.method, r.variant) == name and r.recovery for r in table1.values()):
+            raise ValueError(f"budget.runs names {'/'.join(name)!r}, which is not a recovered "
+                             "Table 1 method/variant of this config")
+    return {k: r for k, r in table1.items()
+            if (r.method, r.variant) in names and r.ratio in chosen}
+
+
+def budget_runs(runs: dict[Key, Run], spec: dict[str, Any], ratios: list[float],
+                training: dict[str, Any]) -> list[Run]:
+    """The budget axis: every run of ``budget.runs`` at every ratio of ``budget.ratios``,
+    recovered again at every ``budget.tokens`` point as a run of its own (variant
+    :func:`budget_variant`, table ``budget``): it trains the Table 1 run's compressed model
+    for exactly that many tokens (its own warm-up + cosine schedule, annealed at its
+    budget: never a checkpoint of a longer run). A point equal to ``training.tokens`` is the
+    Table 1 run itself (no second run).
+
+    Links: ``budget`` and ``lr_from`` name the same point's twin of the run they name
+    (when that run is on the ladder too). Learning rates (``budget.lr``): ``sweep`` (default)
+    = the recipe's tuning grid on the tuning split at every point; ``smallest`` = the
+    smallest point sweeps, the others reuse its choice (``lr_from``). ``budget.tasks: top``
+    scores the tasks only at the largest point (perplexity at every point).
+
+    Raises:
+        ValueError: a name that is not a recovered Table 1 run, a ratio not in ``ratios``, a
+            point that is not a whole number of optimizer steps, an unknown ``lr`` /
+            ``tasks`` choice.
+    """
+    if not spec:
+        return []
+    ladder = _ladder(spec, training)
+    base_tokens = int(training.get("tokens", _train_default("tokens")))
+    bases = _ladder_bases(runs, spec, ratios)
+    lr_mode, tasks = spec.get("lr", "sweep"), spec.get("tasks", "all")
+    if lr_mode not in BUDGET_LR or tasks not in BUDGET_TASKS:
+        raise ValueError(f"budget.lr must be one of {BUDGET_LR} and budget.tasks one of "
+                         f"{BUDGET_TASKS}, got {lr_mode!r} and {tasks!r}")
+    top_only = tasks == "top"
+
+    def at(ref: Key | None, tokens: int) -> Key | None:
+        """The run standing for ``ref`` at ``tokens`` (ref itself off the ladder)."""
+        if ref is None or ref not in bases or tokens == base_tokens:
+            return ref
+        return (ref[0], ref[1], budget_variant(ref[2], tokens), ref[3])
+
+    out: list[Run] = []
+    for tokens in ladder:
+        for key, run in bases.items():
+            if tokens == base_tokens:
+                continue
+            lr_from = at(run.lr_from, tokens)
+            if lr_from is None and lr_mode == "smallest" and tokens != ladder[0]:
+                lr_from = at(key, ladder[0])
+            out.append(replace(
+                run, variant=budget_variant(run.variant, tokens), tokens=tokens,
+                table="budget", budget_tokens=tokens, budget_variant=run.variant,
+                compressed_from=run.compressed_from or key, budget=at(run.budget, tokens),
+                lr_from=lr_from, scored_tasks=not top_only or tokens == ladder[-1]))
+    return out
+
+
+def _train_default(name: str) -> Any:
+    from flexigpt.training.config import TrainConfig
+
+    return TrainConfig.__dataclass_fields__[name].default
 
 
 @dataclass
@@ -311,6 +427,12 @@ class RunGrid:
                                compressed_from=(key, name, "default", setting) if same
                                else None))
         for run in replicate_runs(runs, config.get("replicates") or {}):
+            add(run)
+        for run in budget_runs(runs, config.get("budget") or {}, config["ratios"],
+                               config["training"]):
+            if run.key in runs:
+                raise ValueError(f"budget: run {run.name} is already in the grid (rename the "
+                                 f"variant {run.budget_variant!r})")
             add(run)
         protocol = config.get("paper_protocol") or {}
         for name in protocol.get("methods", []):
@@ -511,8 +633,12 @@ class RunGrid:
         return float(self.tuning.get("rung", 0.5))
 
     def train_params(self, run: Run, trial: str | None = None) -> dict[str, Any]:
-        """TrainConfig fields of one trial (``trial`` None: the first)."""
+        """TrainConfig fields of one trial (``trial`` None: the first); ``eval_every``
+        (steps) from ``training.eval_every_tokens`` (:func:`curve_every_steps`)."""
+        from flexigpt.training.config import curve_every_steps
+
         cfg = dict(self.training)
+        every = cfg.pop("eval_every_tokens", None)
         if run.tokens is not None:
             cfg["tokens"] = run.tokens
         cfg["seed"] = run.seed
@@ -525,11 +651,16 @@ class RunGrid:
         trials = self.trials(run)
         chosen = trials[int(trial[1:]) if trial else 0]
         cfg.update({k: v for k, v in chosen.items() if k in ("lr", "gamma_lr")})
+        cfg["eval_every"] = curve_every_steps(
+            every, step_tokens=step_tokens(cfg),
+            eval_tokens=int(cfg.get("eval_windows") or _train_default("eval_windows"))
+            * int(cfg.get("seq_len", _train_default("seq_len"))))
         return cfg
 
     def eval_params(self, run: Run, stage: str) -> dict[str, Any]:
         ev = self.evaluation
-        return {"tasks": list(ev.get("tasks", [])) if stage == "final" else [],
+        scored = stage == "final" and run.scored_tasks
+        return {"tasks": list(ev.get("tasks", [])) if scored else [],
                 "limit": ev.get("limit"), "source": self.task_source,
                 "ppl_seq_len": ev.get("ppl_seq_len", 512), "ppl_windows": ev.get("ppl_windows"),
                 "backend": ev.get("backend", "fast"), "batch_size": ev.get("batch_size", 16),

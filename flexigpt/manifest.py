@@ -15,6 +15,17 @@ newer or unknown version, a missing required key or a value of the wrong type.
 
 Version history: version 1 (the only one) was written from the first release on; keys that
 later code added without a version bump are filled in by :data:`MIGRATIONS`.
+
+Paths: ``weights.file`` and every key of ``files`` are paths relative to the model
+directory; ``from_dict`` refuses an absolute one or one with a ``..`` part (so no manifest
+names a file outside its directory; ``load_compressed`` also refuses symlinks out).
+``files`` (``{path: sha256}``) lists every file the save wrote besides ``manifest.json``,
+the weights and the output marker; ``load_compressed`` refuses a directory holding any
+other file (bar the records no loader reads, ``flexigpt.artifacts.RECORD_FILES``). A
+manifest saved before ``files`` existed is migrated to ``files == {}``: *no list* (a save
+always records ``config.json``), so nothing tells its own files from ones added later;
+``load_compressed`` loads such a directory only with ``verify=False`` (then save it again
+to record its files).
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from flexigpt.artifacts import FORMAT_VERSION, CheckpointError
+from flexigpt.artifacts import FORMAT_VERSION, CheckpointError, escapes
 
 JSON = dict[str, Any]
 
@@ -120,8 +131,24 @@ def _migrate_head_bias(method: str, structure: JSON) -> JSON:
     return structure
 
 
+def _check_paths(source: str, data: JSON) -> None:
+    """``weights.file`` and the keys of ``files`` are relative paths inside the directory,
+    and every ``files`` value is a string (the sha256); else raise naming the key."""
+    files = data.get("files") or {}
+    for name, digest in files.items():
+        _typed(source, f"files[{name!r}]", digest, (str,), "a string (sha256)")
+    weights = data.get("weights")
+    named = [("weights.file", weights["file"])] if isinstance(weights, dict) and isinstance(
+        weights.get("file"), str) else []
+    for key, path in [*named, *(("files", name) for name in files)]:
+        if escapes(path):
+            raise _fail(source, f"{key} {path!r} is not a path inside the model directory "
+                                "(absolute or with '..'); refusing to read it")
+
+
 def _migrate_files(data: JSON) -> JSON:
-    """Saved manifests written before file hashes were recorded lack ``files``: none."""
+    """Saved manifests written before file hashes were recorded lack ``files``: ``{}``, no
+    list (see the module docstring: such a directory loads only with ``verify=False``)."""
     if data.get("format_version") is not None and "files" not in data:
         return {**data, "files": {}}
     return data
@@ -247,7 +274,8 @@ class Manifest:
 
         Raises:
             CheckpointError: not an object, a newer or unknown ``format_version``, a missing
-                required key or a value of the wrong type (naming ``source`` and the key).
+                required key, a value of the wrong type, or a path (``weights.file``, a
+                ``files`` key) outside the directory (naming ``source`` and the key).
         """
         if not isinstance(data, dict):
             raise _fail(source, f"not a manifest: a JSON {type(data).__name__}, not an object")
@@ -272,6 +300,7 @@ class Manifest:
                 _typed(source, key, data[key], kinds, what)
         if not all(isinstance(h, dict) for h in data["history"]):
             raise _fail(source, "'history' must be a list of objects")
+        _check_paths(source, data)
         calibration = data["calibration"]
         weights = data.get("weights")
         return cls(

@@ -168,6 +168,11 @@ class MethodFacts:
         speculative: its models have a self-speculative draft (the model without its
             weight-shared blocks; :mod:`flexigpt.generation.draft`).
         timed: Tables 6/7 time it against the dense model (at its lowest ratio).
+        block_count: its ``ratio`` becomes a number of removed blocks by the ``policy`` option
+            (:mod:`flexigpt.block_count`): ``"remove"`` deletes whole blocks (ShortGPT),
+            ``"replace"`` replaces them by weight-shared copies with adapters (FlexiGPT);
+            None for any other method. The DAG-build check and ``flexigpt.api.compress``
+            refuse a ratio no block count reaches (:func:`flexigpt.block_count.method_plan`).
     """
 
     target: str
@@ -177,6 +182,7 @@ class MethodFacts:
     block_influence: bool = False
     speculative: bool = False
     timed: bool = False
+    block_count: str | None = None
 
 
 #: name → facts, in table order (rows of every table follow this order).
@@ -186,11 +192,12 @@ METHODS: dict[str, MethodFacts] = {
     "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT"),
     "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner"),
     "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT",
-                            block_influence=True, timed=True),
+                            block_influence=True, timed=True, block_count="remove"),
     "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",
-                                 block_influence=True),
+                                 block_influence=True, block_count="remove"),
     "flexigpt": MethodFacts("flexigpt.methods.prune:METHOD", "FlexiGPT",
-                            block_influence=True, speculative=True, timed=True),
+                            block_influence=True, speculative=True, timed=True,
+                            block_count="replace"),
     "flexigpt_extend": MethodFacts("flexigpt.methods.extend:METHOD", "FlexiGPT extension",
                                    calibration=False, speculative=True, timed=True),
 }

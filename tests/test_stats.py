@@ -170,3 +170,74 @@ def test_verdict_rule():
         S.verdict(0.0, 1.0, "bigger")
     with pytest.raises(ValueError, match="interval"):
         S.verdict(1.0, 0.0, "greater")
+
+
+def test_verdict_rule_with_a_margin():
+    m = 0.02
+    assert S.verdict(0.007, 0.012, "less", m) == S.NO_DIFFERENCE  # (d): +0.009 [+0.007, +0.012]
+    assert S.verdict(0.007, 0.012, "less") == "contradicted"       # the same without a margin
+    assert S.verdict(0.03, 0.05, "greater", m) == "supported"
+    assert S.verdict(0.01, 0.05, "greater", m) == "undecided"      # excludes 0, reaches < m
+    assert S.verdict(-0.05, -0.03, "greater", m) == "contradicted"
+    assert S.verdict(-0.05, -0.01, "greater", m) == "undecided"    # straddles −m
+    assert S.verdict(-0.05, -0.03, "less", m) == "supported"
+    assert S.verdict(-0.01, 0.01, "less", m) == S.NO_DIFFERENCE
+    assert S.verdict(-0.02, 0.01, "less", m) == "undecided"        # touching −m is not inside
+    ci = S.Interval(0.0, -0.5, 0.5, 0.2, 0.95, 100, 2000)
+    assert ci.verdict(">", 1.0) == S.NO_DIFFERENCE and ci.verdict(">") == "undecided"
+    with pytest.raises(ValueError, match="margin"):
+        S.verdict(0.0, 1.0, "greater", -0.1)
+
+
+def test_tail_pvalues_and_holm():
+    boot = np.linspace(-1.0, 3.0, 2001)  # 501 replicates <= 0, 1501 >= 0
+    p = S.tail_pvalues(boot, "greater")
+    assert p["supported"] == pytest.approx(502 / 2002)
+    assert p["contradicted"] == pytest.approx(1502 / 2002)
+    assert S.tail_pvalues(boot, "less")["contradicted"] == p["supported"]
+    assert S.tail_pvalues(np.zeros(100), ">", 0.1)[S.NO_DIFFERENCE] == pytest.approx(1 / 101)
+    assert S.holm([0.01, 0.04, 0.03], 0.05) == [True, False, False]  # 0.03 > 0.05 / 2
+    assert S.holm([0.01, 0.02, 0.03], 0.05) == [True, True, True]
+    assert S.holm([0.2, 0.001], 0.05) == [False, True] and S.holm([], 0.05) == []
+    with pytest.raises(ValueError, match="alpha"):
+        S.holm([0.1], 1.5)
+    with pytest.raises(ValueError, match="replicates"):
+        S.tail_pvalues([0.1, 0.2], ">")
+
+
+def test_holm_verdicts_of_one_equal_the_interval_rule():
+    """K = 1: the Holm decision from replicates is the 95 % percentile interval's verdict."""
+    rng = np.random.default_rng(4)
+    for k in range(60):
+        boot = rng.normal(rng.uniform(-0.06, 0.06), 0.02, 2000)
+        margin = [0.0, 0.02][k % 2]
+        lo, hi = np.quantile(boot, [0.025, 0.975])
+        assert S.holm_verdicts([boot], ["greater"], [margin]) == [
+            S.verdict(lo, hi, "greater", margin)], (k, lo, hi)
+
+
+def test_replicates_match_the_intervals_and_are_joint_across_contrasts():
+    rng = np.random.default_rng(9)
+    a, b = paired_docs(rng, 120)
+    c = np.where(rng.random(120) < 0.1, 1 - a, a)  # a second "budget": a few docs flipped
+    nll = rng.gamma(5.0, 30.0, size=20)
+    ra = records("arc_easy", a, ppl=windows(nll))
+    rb = records("arc_easy", b, ppl=windows(nll * 1.05))
+    rc = records("arc_easy", c, ppl=windows(nll * 1.02))
+    out = S.compare_runs(ra, rb)
+    for metric, ref in (("arc_easy", out["tasks"]["arc_easy"]), ("avg", out["average"]),
+                        ("log_ppl", out["log_ppl"])):
+        assert S.paired_replicates([(ra, rb)], metric).interval(0) == ref
+    joint = S.paired_replicates([(ra, rb), (rc, rb)], "arc_easy", n_boot=500)
+    assert joint.boot.shape == (500, 2) and joint.seeds == ((1, 1), (1, 1))
+    assert joint.estimate == pytest.approx([a.mean() - b.mean(), c.mean() - b.mean()])
+    assert np.corrcoef(joint.boot.T)[0, 1] > 0.8  # the same documents in every replicate
+    assert joint.interval(1).contains(c.mean() - b.mean())
+    pts = joint.scaled(100.0)
+    assert pts.interval(0).estimate == pytest.approx(100 * joint.estimate[0])
+    seeds = S.paired_replicates([([ra, rc], rb)], "log_ppl", n_boot=100)
+    assert seeds.seeds == ((2, 1),)
+    with pytest.raises(S.PairingError, match="data_sha256"):
+        S.paired_replicates([(ra, rb), (records("arc_easy", c, sha="x" * 64), rb)], "arc_easy")
+    with pytest.raises(ValueError, match="pair"):
+        S.paired_replicates([], "avg")

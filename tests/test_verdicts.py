@@ -14,8 +14,17 @@ import pytest
 from flexigpt.evaluation.results import write_records
 from flexigpt.tables import build_all
 from flexigpt.tables.curves import NEVER, add_reach, smoothed, tokens_to_reach
-from flexigpt.tables.verdicts import (CONTRADICTED, MISSING_RUN, SUPPORTED, UNDECIDED,
-                                      decide_count)
+from flexigpt import stats as S
+from flexigpt.tables import build, verdicts
+from flexigpt.tables.collect import collect_results
+from flexigpt.tables.comparisons import OK, Comparator, Diff
+from flexigpt.tables.intervals import RecordStore
+from flexigpt.tables.published import load_published
+from flexigpt.tables.report import gather_inputs
+from flexigpt.tables.trend import budget_trend, trend_table
+from flexigpt.tables.verdicts import (CONTRADICTED, MISSING_RUN, NO_DIFFERENCE, NOT_A_CLAIM,
+                                      SUPPORTED, UNDECIDED, Rules, decide_count,
+                                      decide_family)
 
 BASE = Path(__file__).parent / "fixtures" / "results" / "eval" / "smollm2-135m" / \
     "shortgpt-default-r0.3-final-s0.json"
@@ -31,13 +40,16 @@ def _docs(correct: set[int], task: str, sha: str) -> list[dict]:
 
 def write_run(root: Path, method: str, variant: str, ratio: float | None, *, table: str,
               correct: set[int], log_ppl: np.ndarray | None, stage: str = "final",
-              trained: bool = False, records: bool = True, sha: str = "0" * 64) -> Path:
+              trained: bool = False, records: bool = True, sha: str = "0" * 64,
+              tokens: int = 1000, blocks: int | None = None, tasks: bool = True) -> Path:
     """A result JSON whose every task has ``correct`` as its right doc ids and whose
-    perplexity windows have per-token NLL ``log_ppl`` (None: no perplexity)."""
+    perplexity windows have per-token NLL ``log_ppl`` (None: no perplexity); ``tokens``:
+    the recovery budget of a trained run; ``blocks``: blocks removed / replaced; ``tasks``
+    False: a perplexity-only evaluation."""
     data = json.loads(BASE.read_text())
-    data.update(method=method, blocks_pruned=None,
-                recovery={"recipe": "lora", "loss": "lm", "tokens": 1000} if trained else None,
-                trained_tokens=1000 if trained else 0)
+    data.update(method=method, blocks_pruned=blocks,
+                recovery={"recipe": "lora", "loss": "lm", "tokens": tokens} if trained else None,
+                trained_tokens=tokens if trained else 0)
     data["parameters"]["achieved_ratio"] = None if method == "dense" else ratio
     acc = len(correct) / N_DOCS
     for task in TASKS:
@@ -55,8 +67,10 @@ def write_run(root: Path, method: str, variant: str, ratio: float | None, *, tab
     setting = f"r{ratio}" if ratio is not None else "full"
     path = root / SMOL / method / variant / setting / f"eval_{stage}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not tasks:
+        data["tasks"] = {}
     if records:
-        docs = [d for t in TASKS for d in _docs(correct, t, sha)]
+        docs = [d for t in (TASKS if tasks else ()) for d in _docs(correct, t, sha)]
         windows = None if nll is None else {
             "text": "t.txt", "text_sha256": "1" * 64, "seq_len": 512, "n_windows": len(nll),
             "nll": nll.tolist(), "tokens": [TOK] * len(nll), "total_nll": float(nll.sum()),
@@ -260,3 +274,154 @@ def test_comparisons_cover_paper_protocol_and_kd_rows(tmp_path):
     assert kd["ci_low"] > 0 and paper["ci_high"] < 0
     avg = comp[comp["metric"].eq("avg") & comp["variant"].eq("kd")].iloc[0]
     assert avg["estimate"] == pytest.approx(-100 * len(WIN) / N_DOCS)
+
+
+# ---- margins, Holm, seeds, budgets, (e) at equal block counts, (f) from the paper -------
+def _frames(root: Path) -> tuple[pd.DataFrame, Comparator]:
+    """The aggregated frame and a comparator of every result JSON under ``root``."""
+    df = collect_results(gather_inputs(root).results)
+    return build.aggregate(df), Comparator(RecordStore(df))
+
+
+def test_counted_claims_count_ties_as_lost():
+    tie = [SUPPORTED] * 4 + [NO_DIFFERENCE, NO_DIFFERENCE]
+    assert decide_count(tie, 5) == CONTRADICTED  # two benchmarks without a lead > 6 − 5
+    assert decide_count([SUPPORTED] * 5 + [NO_DIFFERENCE], 5) == SUPPORTED
+    assert decide_count([SUPPORTED] * 4 + [NO_DIFFERENCE, UNDECIDED], 5) == UNDECIDED
+
+
+def _diff(boot: np.ndarray) -> Diff:
+    iv = S.Interval(float(boot.mean()), *np.quantile(boot, [0.025, 0.975]), float(boot.std()),
+                    0.95, 100, len(boot))
+    return Diff(OK, iv, replicates=boot)
+
+
+def test_holm_family_is_stricter_than_one_interval_at_a_time():
+    rng = np.random.default_rng(0)
+    borderline = [rng.normal(2.3, 1.0, 2000) for _ in range(6)]  # ~1 % below 0 each
+    assert all(verdicts.decide(_diff(b), "greater") == SUPPORTED for b in borderline)
+    held = decide_family([_diff(b) for b in borderline], ["greater"] * 6, [0.0] * 6)
+    assert held == [UNDECIDED] * 6
+    strong = rng.normal(6.0, 1.0, 2000)
+    held = decide_family([_diff(strong), *map(_diff, borderline[:5])], ["greater"] * 6,
+                         [0.0] * 6)
+    assert held[0] == SUPPORTED and set(held[1:]) == {UNDECIDED}
+    one = decide_family([_diff(borderline[0]), Diff("not run")], ["greater"] * 2, [0.0] * 2)
+    assert one == [SUPPORTED, MISSING_RUN]  # a family of one decides as its interval does
+    tie = decide_family([_diff(rng.normal(0.0, 0.1, 2000))], ["greater"], [1.0])
+    assert tie == [NO_DIFFERENCE]
+
+
+def test_single_seed_marker():
+    iv = S.Interval(0.1, 0.0, 0.2, 0.05, 0.95, 100, 2000, seeds=(1, 3))
+    assert verdicts._seeds([Diff(OK, iv)]) == ("1 vs 3 †", True)
+    iv3 = S.Interval(0.1, 0.0, 0.2, 0.05, 0.95, 100, 2000, seeds=(3, 3))
+    assert verdicts._seeds([Diff(OK, iv3), Diff("not run")]) == ("3 vs 3", False)
+    assert verdicts._seeds([]) == ("–", False)
+    with pytest.raises(ValueError, match="log_ppl_margin"):
+        Rules(log_ppl_margin=-1.0)
+
+
+def test_budgets_give_one_row_each_and_a_trend(tmp_path):
+    """The like-for-like pair at 1K and 4K tokens (a budget per variant): (a), (b), (c) get
+    a row per budget; equal accuracy is "no practical difference"; the trend fits the gap."""
+    root = grid(tmp_path / "r", 0.2, NONE, NONE)  # +0.2 nats at 1K tokens, same docs right
+    common = set(range(80))
+    write_run(root, "shortgpt_lora", "long", 0.3, table="main", trained=True, tokens=4000,
+              correct=common, log_ppl=BASE_LP)
+    write_run(root, "flexigpt", "long", 0.3, table="main", trained=True, tokens=4000,
+              correct=common, log_ppl=BASE_LP + 0.1 + _noise(3, 0.02))
+    for method in ("shortgpt_lora", "flexigpt"):  # a perplexity-only budget in between
+        write_run(root, method, "mid", 0.3, table="main", trained=True, tokens=2000,
+                  correct=common, tasks=False,
+                  log_ppl=BASE_LP + (0.15 if method == "flexigpt" else 0.0))
+    v = _verdicts(root, tmp_path / "o")
+    for prefix in ("(a)", "(b)", "(c)"):
+        rows = v[v["Claim"].str.startswith(prefix) & v["Setting"].eq("30%")]
+        assert list(rows["tokens"]) == [1000, 2000, 4000], prefix
+        rows = rows[~rows["tokens"].eq(2000)]
+        assert rows["Budget"].str.startswith("1K tokens").iloc[0]
+        assert rows["tokens_per_param"].iloc[1] == pytest.approx(4000 / 134515008, rel=1e-4)
+    a = v[v["Claim"].str.startswith("(a)") & v["Setting"].eq("30%")]
+    assert list(a["Verdict"]) == [CONTRADICTED] * 3
+    b = v[v["Claim"].str.startswith("(b)") & v["Setting"].eq("30%")]
+    assert list(b["Verdict"]) == [NO_DIFFERENCE, "no records (point values only)",
+                                  NO_DIFFERENCE]
+    assert set(v.loc[v["Claim"].str.startswith("(a)"), "Seeds"].dropna()) >= {"1 vs 1 †"}
+    md = (tmp_path / "o" / "verdicts.md").read_text()
+    assert md.index("### Decision rules") < md.index("### smollm2-135m: the paper's claims")
+    assert "0.02 nats" in md and "Holm" in md and "†" in md
+
+    agg, comp = _frames(root)
+    fit = budget_trend(agg, comp, SMOL, 0.3, "log_ppl")
+    assert fit.tokens == (1000.0, 2000.0, 4000.0) and fit.unit == "nats"
+    assert fit.estimates[:2] == pytest.approx((0.2, 0.15))
+    x = np.log10(fit.tokens)
+    assert fit.slope == pytest.approx(np.polyfit(x, fit.estimates, 1)[0])
+    assert fit.crossover > 4000 and fit.crossover_extrapolated
+    assert fit.at_tokens == pytest.approx(0.15 * 134515008) and fit.at_extrapolated
+    table = trend_table(agg, comp, [SMOL])
+    assert table is not None and len(table.blocks) == 2  # log-PPL and Avg
+    assert set(table.csv["metric"]) == {"log_ppl", "avg"}
+    avg = budget_trend(agg, comp, SMOL, 0.3, "avg")  # the PPL-only budget is left out
+    assert avg.tokens == (1000.0, 4000.0) and math.isinf(avg.crossover)  # no gap at all
+    assert budget_trend(agg, comp, SMOL, 0.4, "log_ppl") is None
+
+
+def test_e_needs_equal_block_counts_and_a_paper_number(tmp_path):
+    root = grid(tmp_path / "r", -0.1, WIN, NONE)
+    common = set(range(80))
+    runs = [("flexigpt", "default", 0.3, "start", 13, "main", 2.0),
+            ("shortgpt", "default", 0.3, "final", 12, "main", 2.3),
+            ("flexigpt", "paper", 0.3, "start", 9, "paper_protocol", 1.5),
+            ("shortgpt", "paper", 0.3, "final", 9, "paper_protocol", 1.8),
+            ("flexigpt", "default", 0.4, "start", 17, "main", 3.0),
+            ("shortgpt", "default", 0.4, "final", 15, "main", 2.5)]
+    for i, (method, variant, ratio, stage, blocks, table, shift) in enumerate(runs):
+        write_run(root, method, variant, ratio, table=table, stage=stage, blocks=blocks,
+                  correct=common, log_ppl=BASE_LP + shift + _noise(10 + i, 0.02),
+                  trained=method == "flexigpt")
+    write_run(root, "flexigpt", "no_svdinit", 0.3, table="ablation", stage="start",
+              trained=True, correct=common, log_ppl=BASE_LP + 2.009 + _noise(10, 0.02))
+    v = _verdicts(root, tmp_path / "o")
+    matched = _claim(v, "(e)")
+    assert matched["Verdict"].startswith("not decided: unequal block counts (13 replaced vs 12")
+    assert _claim(v, "(e)", "30%, paper protocol")["Verdict"] == SUPPORTED
+    assert _claim(v, "(e)", "40%")["Verdict"] == NOT_A_CLAIM
+    svd = _claim(v, "(d) no SVD init. → lower start PPL")
+    assert svd["estimate"] == pytest.approx(0.009, abs=1e-9)
+    assert svd["Verdict"] == NO_DIFFERENCE  # +0.9 % PPL: inside ±0.02 nats
+    agg, comp = _frames(root)
+    strict = [r for r in verdicts.claim_d(agg, load_published(), comp, SMOL,
+                                          Rules(log_ppl_margin=0.0))
+              if r["Claim"].startswith("(d) no SVD init. → lower")]
+    assert strict[0]["Verdict"] == CONTRADICTED  # without a margin: the old call
+
+
+def test_paper_columns_of_b_c_and_f(tmp_path):
+    v = _verdicts(grid(tmp_path / "r", -0.1, WIN, NONE), tmp_path / "o")
+    b = _claim(v, "(b)")["Paper"]
+    assert "+1.28 as reported" in b and "+0.68 recomputed" in b
+    assert "as reported" not in _claim(v, "(b)", "40%")["Paper"]  # the paper's avg adds up
+    assert _claim(v, "(c)")["Paper"] == "best on 5/6 (not ARC-e 62.84 vs 63.09)"
+    assert _claim(v, "(c)", "40%")["Paper"] == "best on 6/6"
+    f = v[v["Claim"].str.startswith("(f)")].set_index("Claim")["Paper"]
+    assert f["(f) FlexiGPT extension (block) beats Base"].endswith(
+        "better on 5/6 (not PIQA 73.23 vs 73.29)")
+    assert f["(f) FlexiGPT extension (sequential) beats Base"].endswith(
+        "better on 5/6 (not WinoG. 57.85 vs 59.11)")
+
+
+def test_timing_rows_name_the_commit_that_measured_them(tmp_path):
+    old = "a757c7cea84b4369046a63a05d1ae684f226fc09"  # before 68be9e3's decoding fixes
+    path = tmp_path / "inference.json"
+    path.write_text(json.dumps({"provenance": {"git_commit": old},
+                                "created": "2026-12-02T18:52:00+00:00"}))
+    note = verdicts.timing_provenance(path, verdicts.DECODE_FIXES)
+    assert note.startswith("measured at commit a757c7c (2026-12-02)")
+    if verdicts._is_ancestor(old, "68be9e3797d282a6f5543042e0f380b212fe0dd0"):
+        assert "predates the decoding fixes of 68be9e3" in note
+    assert "predates" not in verdicts.timing_provenance(path)  # no fixes named
+    path.write_text(json.dumps({"created": "2026-12-02T18:52:00+00:00"}))
+    assert verdicts.timing_provenance(path) == "measured 2026-12-02; commit not recorded"
+    assert verdicts.timing_provenance(None) == ""

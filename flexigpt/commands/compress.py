@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 HELP = "compress a model with a registered method and save weights + manifest"
+#: method options that have their own flag (given both ways, the command refuses)
+FLAG_OPTIONS = {"ratio": "--ratio", "policy": "--policy", "rank": "--rank"}
 
 
 class _RatioHelp(str):
@@ -49,24 +51,71 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", help="flexigpt: block-count policy (paper|matched)")
     p.add_argument("--rank", type=int, help="flexigpt: LoRA rank of replacement blocks "
                                             "(default: hidden/16)")
+    p.add_argument("--accept-ratio-miss", action="store_true",
+                   help="block-count methods (flexigpt, shortgpt, shortgpt_lora): compress "
+                        "even when no block count reaches the ratio within half a block step "
+                        "(default: refuse, naming target and achieved)")
     p.add_argument("--force", action="store_true",
                    help="replace --out even if it is not a previous output of compress")
 
 
-def run(args: argparse.Namespace) -> int:
-    from flexigpt.api import compress
+def method_options(args: argparse.Namespace) -> dict[str, object]:
+    """The method options of ``--option KEY=VALUE`` and the option flags (``--ratio``,
+    ``--policy``, ``--rank``).
 
+    Raises:
+        ValueError: an option given twice (two ``--option`` of one key, or a flag and an
+            ``--option`` of the same key), naming both; a bad ``--option`` pair.
+    """
     from flexigpt.commands import parse_key_values
 
+    given: dict[str, str] = {}
+    for pair in args.option:
+        key = pair.partition("=")[0]
+        if key in given:
+            raise ValueError(f"--option {given[key]} and --option {pair} both set option "
+                             f"{key!r}; give it once")
+        given[key] = pair
     options = parse_key_values(args.option, "--option")
-    for key in ("ratio", "policy", "rank"):
-        if getattr(args, key) is not None:
-            options[key] = getattr(args, key)
-    manifest = compress(args.method, args.model, args.out, options=options,
-                        calibration=args.calibration, n_calibration=args.n_calibration,
-                        calibration_seq_len=args.seq_len, seed=args.seed, dtype=args.dtype,
-                        force=args.force, device=args.device)
+    for key, flag in FLAG_OPTIONS.items():
+        value = getattr(args, key)
+        if value is None:
+            continue
+        if key in options:
+            raise ValueError(f"{flag} {value} and --option {given[key]} both set option "
+                             f"{key!r}; give it once")
+        options[key] = value
+    return options
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every count-like flag is a positive integer (``ValueError`` naming the flag)."""
+    from flexigpt.api import check_count
+
+    check_count(args.n_calibration, "--n-calibration")
+    check_count(args.seq_len, "--seq-len")
+    check_count(args.seed, "--seed", minimum=0)
+    if args.rank is not None:
+        check_count(args.rank, "--rank")
+
+
+def run(args: argparse.Namespace) -> int:
+    from flexigpt.api import compress
+    from flexigpt.block_count import RatioOutOfReach
+
+    check_flags(args)
+    options = method_options(args)
+    try:
+        manifest = compress(args.method, args.model, args.out, options=options,
+                            calibration=args.calibration, n_calibration=args.n_calibration,
+                            calibration_seq_len=args.seq_len, seed=args.seed,
+                            dtype=args.dtype, force=args.force, device=args.device,
+                            accept_ratio_miss=args.accept_ratio_miss)
+    except RatioOutOfReach as err:
+        raise RatioOutOfReach(f"{err}; --accept-ratio-miss compresses it anyway") from None
     p = manifest.parameters
+    target = manifest.config.get("ratio") if isinstance(manifest.config, dict) else None
+    aim = f"target ratio {target:g}, " if isinstance(target, (int, float)) else ""
     print(f"{args.method}: {p.compressed:,} / {p.dense:,} parameters "
-          f"(achieved ratio {p.achieved_ratio:.4f}) -> {args.out}")
+          f"({aim}achieved ratio {p.achieved_ratio:.4f}) -> {args.out}")
     return 0

@@ -37,10 +37,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="label copied into the JSON (JSON value or string); repeatable")
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """Every count-like flag is a positive integer (``ValueError`` naming the flag)."""
+    from flexigpt.api import check_count
+
+    for flag, value in (("--limit", args.limit), ("--ppl-windows", args.ppl_windows)):
+        if value is not None:
+            check_count(value, flag)
+    check_count(args.ppl_seq_len, "--ppl-seq-len", minimum=2)
+    check_count(args.batch_size, "--batch-size")
+
+
 def run(args: argparse.Namespace) -> int:
     from flexigpt.commands import parse_key_values
     from flexigpt.evaluation.results import evaluate_model
 
+    check_flags(args)
     result = evaluate_model(
         args.model, args.out, tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
         limit=args.limit, source=args.source, benchmarks_dir=args.benchmarks,

@@ -40,9 +40,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replace --out even if it is not a previous saved model")
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """Every count-like flag is a positive integer (``ValueError`` naming the flag)."""
+    from flexigpt.api import check_count
+
+    check_count(args.layers, "--layers")
+    check_count(args.seed, "--seed", minimum=0)
+    if args.rank is not None:
+        check_count(args.rank, "--rank")
+
+
 def run(args: argparse.Namespace) -> int:
     from flexigpt.api import compress
 
+    check_flags(args)
     options: dict[str, object] = {"layers": args.layers, "pattern": args.pattern,
                                   "gamma_init": args.gamma_init}
     if args.span is not None:

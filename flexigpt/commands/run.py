@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 HELP = "run the Snakemake DAG (stale lock after a kill cleared, cut jobs rerun)"
 LOCK_DIR = Path(".snakemake") / "locks"
+#: the environment variable naming the harness's interpreter in the DAG's shell rules
+PYTHON_VAR = "FLEXIGPT_PYTHON"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,6 +72,23 @@ def clear_stale_lock(workdir: Path, proc: Path = Path("/proc")) -> list[Path]:
     log.info("removed a stale Snakemake lock (no snakemake process runs in %s): %s",
              workdir, ", ".join(p.name for p in locks))
     return locks
+
+
+def export_harness_python(uses_conda: bool) -> str:
+    """Set ``$FLEXIGPT_PYTHON``, the interpreter the DAG's shell rules run the harness with
+    (``"$FLEXIGPT_PYTHON" -m flexigpt ...``), and return it.
+
+    It is the interpreter running Snakemake (``sys.executable``), so the rules need no
+    ``flexigpt`` on ``PATH`` (``.venv/bin/snakemake`` without an activated venv); a SLURM
+    job runs the same interpreter, which re-reads the Snakefile and sets it again. Under
+    ``--use-conda`` (``uses_conda``) it is the job environment's ``python``, which imports
+    the checkout through ``PYTHONPATH``. An environment variable rather than a literal path
+    or a param: the rules' code and params are the same on every machine, so where the
+    interpreter lives never triggers a rerun.
+    """
+    python = "python" if uses_conda else sys.executable
+    os.environ[PYTHON_VAR] = python
+    return python
 
 
 def snakemake_command(args: list[str]) -> list[str]:

@@ -57,9 +57,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device_argument(p)
 
 
+#: count-like flags → the smallest value each takes (0: "off" / "no floor" where the help
+#: says so); optional ones (default None) are checked when given
+COUNT_FLAGS = {"--tokens": 1, "--seq-len": 2, "--micro-batch": 1, "--global-batch": 1,
+               "--warmup-min-steps": 0, "--eval-every": 0, "--eval-windows": 1,
+               "--checkpoint-every": 0, "--seed": 0, "--lora-rank": 1, "--lora-budget": 1}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every count-like flag (:data:`COUNT_FLAGS`) is an integer at or above its minimum
+    (``ValueError`` naming the flag), before TrainConfig's checks (which name fields)."""
+    from flexigpt.api import check_count
+
+    for flag, minimum in COUNT_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            check_count(value, flag, minimum)
+
+
 def run(args: argparse.Namespace) -> int:
     from flexigpt.training import TrainConfig, train_model
 
+    check_flags(args)
     cfg = TrainConfig(
         tokens=args.tokens, seq_len=args.seq_len, micro_batch=args.micro_batch,
         global_batch=args.global_batch, lr=args.lr, gamma_lr=args.gamma_lr,

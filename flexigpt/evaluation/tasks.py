@@ -44,7 +44,8 @@ _SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_spli
 
 
 class TaskDataError(ValueError):
-    """A task name is unknown or its local data files are missing."""
+    """A task name is unknown, or its local data files are missing, malformed or changed
+    since their recorded build."""
 
 
 @dataclass
@@ -126,8 +127,12 @@ def evaluated_split(config: dict[str, Any]) -> str:
 def local_config(name: str, benchmarks_dir: str | os.PathLike) -> TaskSpec:
     """The built-in config of ``name`` reading ``<benchmarks_dir>/<name>/<split>.jsonl``.
 
+    Every data file handed to lm-eval is checked first (:func:`check_data_file`), so a
+    malformed or edited file is one error naming it, not a ``datasets`` traceback.
+
     Raises:
-        TaskDataError: unknown task, or the evaluated split's file is missing.
+        TaskDataError: unknown task, the evaluated split's file is missing, or a data file
+            is malformed or differs from its recorded sha256.
     """
     cfg = builtin_config(name)
     split = evaluated_split(cfg)
@@ -139,7 +144,7 @@ def local_config(name: str, benchmarks_dir: str | os.PathLike) -> TaskSpec:
             continue
         path = folder / f"{value}.jsonl"
         if path.is_file():
-            data_files[value] = str(path.resolve())
+            data_files[value] = str(check_data_file(path).resolve())
         elif value == split:
             raise TaskDataError(f"task {name!r} evaluates split {split!r} but {str(path)!r} "
                                 f"does not exist (build resources/benchmarks first)")
@@ -149,6 +154,21 @@ def local_config(name: str, benchmarks_dir: str | os.PathLike) -> TaskSpec:
     cfg.update(dataset_path="json", dataset_name=None,
                dataset_kwargs={"data_files": data_files})
     return TaskSpec(name, cfg, "local", split, Path(data_files[split]))
+
+
+def check_data_file(path: str | os.PathLike) -> Path:
+    """``path`` if it is a well-formed JSONL file matching its recorded sha256
+    (:func:`flexigpt.input_files.check_jsonl`, cached per path, size and mtime).
+
+    Raises:
+        TaskDataError: one line naming the file and the first bad line.
+    """
+    from flexigpt.input_files import InputFileError, check_jsonl
+
+    try:
+        return check_jsonl(path, "benchmark file")
+    except InputFileError as err:
+        raise TaskDataError(str(err)) from None
 
 
 def hub_config(name: str) -> TaskSpec:
@@ -178,17 +198,27 @@ def build_task(spec: TaskSpec) -> Any:
     """Instantiate the lm-eval ``Task`` (loads the dataset).
 
     Raises:
-        TaskDataError: the hub dataset cannot be fetched (offline, unknown, gated).
+        TaskDataError: the hub dataset cannot be fetched (offline, unknown, gated), or
+            lm-eval cannot load a local file.
     """
+    from datasets.exceptions import DatasetGenerationError
+
     try:
         loaded = task_manager().load([spec.config if spec.config is not None else spec.name])
-    except (OSError, ConnectionError, ValueError) as err:
-        if spec.source != "hub":
-            raise
+    except (OSError, ConnectionError, ValueError, DatasetGenerationError) as err:
+        if spec.source != "hub":  # checked by check_data_file: a last resort
+            raise TaskDataError(f"lm-eval cannot load task {spec.name!r} from "
+                                f"{str(spec.data_file)!r}: {_first_line(err)}") from err
         raise TaskDataError(f"cannot load {spec.name!r} from the Hugging Face hub "
-                            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''});"
+                            f"({_first_line(err)});"
                             " use source='local' with resources/benchmarks when offline") from err
     try:
         return loaded["tasks"][spec.name]
     except KeyError:
         raise TaskDataError(f"lm-eval built {sorted(loaded['tasks'])}, not {spec.name!r}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """``Type: first line of the message`` of an exception from lm-eval or ``datasets``."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

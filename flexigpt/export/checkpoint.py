@@ -129,17 +129,26 @@ def base_config_dict(config_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def family_config(model_dir: str | os.PathLike) -> Any:
-    """The family config (``LlamaConfig`` …) of a saved dir, self-contained or plain."""
+    """The family config (``LlamaConfig`` …) of a saved dir, self-contained or plain.
+
+    Never runs the directory's code: a self-contained dir's config is rebuilt from the
+    family's own class (its ``auto_map`` is not used); a plain one that asks for remote
+    code is refused (:func:`flexigpt.models.loading.refuse_remote_code`:
+    ``ModelLoadError``) and every other is read with ``trust_remote_code=False``.
+    """
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from flexigpt.models.loading import refuse_remote_code
 
     path = Path(model_dir) / "config.json"
     try:
         config_dict = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return AutoConfig.from_pretrained(model_dir)  # its own error message
-    if KEY not in config_dict:
-        return AutoConfig.from_pretrained(model_dir)
+    except (OSError, json.JSONDecodeError):  # its own error message
+        return AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    if not isinstance(config_dict, dict) or KEY not in config_dict:
+        refuse_remote_code(model_dir, files=("config.json",))
+        return AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     base = base_config_dict(config_dict)
     config = CONFIG_MAPPING[base["model_type"]].from_dict(base)
     config._name_or_path = str(model_dir)

@@ -182,7 +182,7 @@ def export_plain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         model.save_pretrained(tmp)
         if loaded.tokenizer is not None:
             loaded.tokenizer.save_pretrained(tmp)
-        back = AutoModelForCausalLM.from_pretrained(tmp, dtype=parse_dtype(dtype)).eval()
+        back = AutoModelForCausalLM.from_pretrained(tmp, dtype=parse_dtype(dtype), trust_remote_code=False, use_safetensors=True).eval()
         with torch.no_grad():
             diff = float((back(input_ids=ids).logits.float() - ref).abs().max())
         if not diff <= atol:

@@ -12,7 +12,96 @@ from flexigpt.models.adapters import get_adapter
 
 
 class ModelLoadError(RuntimeError):
-    """A model spec could not be resolved to a checkpoint (bad path, unknown id, no hub)."""
+    """A model spec could not be resolved to a checkpoint (bad path, unknown id, no hub), or
+    names one the harness does not load (remote code, pickled weights)."""
+
+
+#: the JSON files of a checkpoint whose ``auto_map`` makes transformers import code that
+#: the checkpoint brings along
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
+
+
+def _auto_map_modules(auto_map: object) -> list[str]:
+    """The code files an ``auto_map`` entry points at (``module.Class`` → ``module.py``;
+    ``repo--module.Class`` → ``repo--module.py``)."""
+    refs = list(auto_map.values()) if isinstance(auto_map, dict) else auto_map
+    refs = refs if isinstance(refs, (list, tuple)) else [refs]
+    out = []
+    for ref in refs:
+        for item in ref if isinstance(ref, (list, tuple)) else [ref]:
+            if isinstance(item, str) and "." in item:
+                out.append(item.rsplit(".", 1)[0] + ".py")
+    return sorted(set(out))
+
+
+def remote_code(config_dicts: dict[str, dict]) -> str | None:
+    """What remote code the named config dicts (``{file name: JSON}``) ask for, as
+    ``"config.json auto_map → modeling_x.py"``; None when none does."""
+    found = [f"{name} auto_map → {', '.join(_auto_map_modules(d['auto_map'])) or '?'}"
+             for name, d in config_dicts.items() if isinstance(d, dict) and d.get("auto_map")]
+    return "; ".join(found) or None
+
+
+def refuse_remote_code(directory: str | os.PathLike,
+                       files: tuple[str, ...] = REMOTE_CODE_FILES) -> None:
+    """Raise :class:`ModelLoadError` when ``directory``'s ``files`` (JSON; absent or
+    unreadable ones are left to the loaders) carry an ``auto_map``: loading it needs code
+    the directory brings along, which flexigpt-bench never runs (every harness load passes
+    ``trust_remote_code=False``, so transformers never asks either)."""
+    import json
+
+    dicts = {}
+    for name in files:
+        try:
+            dicts[name] = json.loads((Path(directory) / name).read_text())
+        except (OSError, ValueError):
+            continue
+    what = remote_code(dicts)
+    if what is not None:
+        raise _remote_code_error(str(directory), what)
+
+
+def _remote_code_error(where: str, what: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"model {where!r} needs remote code ({what}), which flexigpt-bench never runs; if "
+        "you trust it, load it with transformers yourself (trust_remote_code=True)")
+
+
+def refuse_pickled_weights(directory: str | os.PathLike) -> None:
+    """Raise :class:`ModelLoadError` when ``directory`` holds pickled weights
+    (:data:`flexigpt.artifacts.PICKLE_SUFFIXES`) and no safetensors: the harness loads
+    safetensors only (unpickling can run code), and transformers is told so too."""
+    from flexigpt.artifacts import PICKLE_SUFFIXES
+
+    directory = Path(directory)
+    names = sorted(p.name for p in directory.iterdir() if p.is_file())
+    if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
+        return
+    pickled = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
+    if pickled:
+        raise ModelLoadError(
+            f"model directory {str(directory)!r} holds pickled weights {pickled} and no "
+            "safetensors; flexigpt-bench loads safetensors only (unpickling can run code) — "
+            "convert the weights to safetensors first")
+
+
+def _refuse_flexigpt_without_manifest(directory: Path) -> None:
+    """A compressed model written by this harness (``config.json`` with
+    ``flexigpt_compression``) rebuilds only from its manifest; say so instead of letting
+    transformers fail on the unknown model type."""
+    import json
+
+    from flexigpt.export.checkpoint import KEY
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(config, dict) and KEY in config:
+        raise ModelLoadError(
+            f"model directory {str(directory)!r} is a flexigpt-bench compressed model "
+            f"(config.json {KEY}) without its manifest.json, which load_compressed needs to "
+            "rebuild it")
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -88,11 +177,20 @@ def _hub_config(spec: str):
                               f"the local hub cache, and {why} — check the id, your network "
                               f"and token, or give a local checkpoint directory{detail}")
 
+    def config(**kw):
+        from transformers import PreTrainedConfig
+
+        config_dict, _ = PreTrainedConfig.get_config_dict(spec, **kw)
+        what = remote_code({"config.json": config_dict})
+        if what is not None:
+            raise _remote_code_error(spec, what)
+        return AutoConfig.from_pretrained(spec, trust_remote_code=False, **kw)
+
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
         try:
-            return AutoConfig.from_pretrained(spec, local_files_only=True)
+            return config(local_files_only=True)
         except (OSError, ValueError):
             pass
         if hub_offline():
@@ -101,7 +199,7 @@ def _hub_config(spec: str):
             raise fail(f"the Hugging Face hub ({hub_endpoint()}) is unreachable (no connection "
                        f"within {HUB_TIMEOUT_S:g} s)")
         try:
-            return AutoConfig.from_pretrained(spec)
+            return config()
         except (OSError, ValueError) as err:
             raise fail("the Hugging Face hub did not provide it", err) from None
     finally:
@@ -119,15 +217,21 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
         device: where the weights go, a :mod:`flexigpt.devices` setting (``auto`` = CUDA
             where available).
         verify: a local directory written by this harness (``.flexigpt-output.json``
-            marker: resources, exports) has its files checked against the recorded sha256.
+            marker: resources, exports) may hold only the files its marker lists, each
+            unchanged (sha256).
+
+    Never runs code the checkpoint brings along (``trust_remote_code=False``; a checkpoint
+    that needs it is refused) and loads safetensors weights only.
 
     Returns:
         ``(model, tokenizer)`` with the model in eval mode.
 
     Raises:
         ModelLoadError: the path does not exist / holds no checkpoint, or the hub id cannot
-            be resolved (unknown id, no network, gated model without a token).
-        CheckpointError: a file of a harness-written directory changed since it was written.
+            be resolved (unknown id, no network, gated model without a token); the
+            checkpoint needs remote code or holds pickled weights and no safetensors.
+        CheckpointError: a harness-written directory holds a file its marker does not
+            list, names a path outside itself, or a file changed since it was written.
         UnsupportedArchitectureError: the model family has no adapter.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -144,16 +248,27 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
                              "build it first (e.g. flexigpt fetch) or give a hub id")
     if (local / "config.json").is_file():
         spec = str(local)
-        if verify:
-            from flexigpt.artifacts import verify_marker
-
-            verify_marker(local)
-        config = AutoConfig.from_pretrained(spec)
+        _check_local(local, verify)
+        config = AutoConfig.from_pretrained(spec, trust_remote_code=False)
     else:
         config = _hub_config(spec)
     get_adapter(config)  # fail early on unsupported families
-    model = AutoModelForCausalLM.from_pretrained(spec, dtype=parse_dtype(dtype))
-    tokenizer = AutoTokenizer.from_pretrained(spec)
+    model = AutoModelForCausalLM.from_pretrained(spec, dtype=parse_dtype(dtype),
+                                                 trust_remote_code=False, use_safetensors=True)
+    tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
+
+
+def _check_local(directory: Path, verify: bool) -> None:
+    """Refuse a local checkpoint directory before transformers reads it: one that needs
+    remote code, a harness-compressed model without its manifest, pickled weights without
+    safetensors; with ``verify``, a harness-written one that differs from its marker."""
+    refuse_remote_code(directory)
+    _refuse_flexigpt_without_manifest(directory)
+    refuse_pickled_weights(directory)
+    if verify:
+        from flexigpt.artifacts import verify_marker
+
+        verify_marker(directory)

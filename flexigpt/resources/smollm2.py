@@ -38,8 +38,8 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> No
 
     gguf_path = Path(gguf_path)
     kw: dict[str, Any] = {"gguf_file": gguf_path.name}
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=SAVE_DTYPE, **kw)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=SAVE_DTYPE, trust_remote_code=False, **kw)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, trust_remote_code=False, **kw)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

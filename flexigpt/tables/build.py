@@ -61,8 +61,9 @@ AVG_NOTE = ("† the paper's reported average is not the mean of its five task s
 _TASK_COLS = [TASK_HEADERS[t] for t in TASKS]
 #: metric column of the frame → displayed header (for the ± half-widths).
 METRIC_HEADERS = {"ppl": "PPL", **TASK_HEADERS, "avg": "Avg"}
-#: Table 1 column from the recovery curves (flexigpt.tables.curves.add_reach).
-REACH_COL = "Tokens to SG+LoRA loss"
+#: Table 1 column from the recovery curves (flexigpt.tables.curves.add_reach), by the
+#: metric its curves were compared in (tune-split PPL; training loss for older logs).
+REACH_COLS = {"ppl": "Tokens to SG+LoRA PPL", "loss": "Tokens to SG+LoRA loss"}
 
 
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:
@@ -390,10 +391,10 @@ def table1(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     rule = _block_rule_note(agg, model, ours)
     notes += [rule] if rule else []
     if "tokens_to_baseline" in ours and ours["tokens_to_baseline"].notna().any():
+        header, cells, reach_notes = _reach_column(ours)
         frame.insert(frame.columns.get_loc("LR") + 1 if "LR" in frame else len(frame.columns),
-                     REACH_COL, ours["tokens_to_baseline"].values)
-        from flexigpt.tables.curves import REACH_NOTE
-        notes.append(REACH_NOTE)
+                     header, cells)
+        notes += reach_notes
     blocks = [with_errors(Block(f"Ours: {name}", frame, kinds, dict(METRIC_BEST), group="Ratio",
                                 notes=notes), ours, METRIC_HEADERS)]
     tables = (1, 2, 3)
@@ -408,10 +409,29 @@ def table1(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     return Table(f"table1_{slug(model)}", f"Table 1 — compression results, {name}", blocks, csv)
 
 
+def _reach_column(ours: pd.DataFrame) -> tuple[str, list[str | None], list[str]]:
+    """Header, cells and notes of Table 1's "tokens to reach" column: one metric's header
+    when every cell used it (tune PPL, or training loss for older logs), else the PPL header
+    with "(loss)" after the cells read from the training loss."""
+    from flexigpt.tables.curves import LOSS, PPL, REACH_NOTE, REACH_NOTE_PPL
+
+    metric = _col(ours, "tokens_to_baseline_metric").fillna(LOSS)
+    cells = ours["tokens_to_baseline"]
+    used = set(metric[cells.notna()])
+    note = {PPL: REACH_NOTE_PPL, LOSS: REACH_NOTE}
+    if len(used) == 1:
+        (only,) = used
+        return REACH_COLS[only], list(cells.values), [note[only]]
+    marked = [None if pd.isna(c) else c + (" (loss)" if m == LOSS else "")
+              for c, m in zip(cells, metric)]
+    return REACH_COLS[PPL], marked, [note[PPL], note[LOSS]]
+
+
 _CSV_KEEP = ["achieved_ratio", "num_layers", "blocks_pruned", "trained", "loss", "table",
              "protocol", "recipe", "trainable_params", "tokens", "lr", "gamma_lr", "lr_source",
              "budget_target", "budget_achieved", "budget_rel_error", "budget_source", "ppl",
-             *TASKS, "avg", "avg_std", "n_seeds", "tokens_to_baseline", *CI_COLUMNS]
+             *TASKS, "avg", "avg_std", "n_seeds", "tokens_to_baseline", "tokens_to_baseline_metric",
+             *CI_COLUMNS]
 
 
 def paper_protocol_table(agg: pd.DataFrame, pub: pd.DataFrame, model: str,

@@ -10,7 +10,9 @@ older files still read): ``labels.table`` (which table the row belongs to, one o
 :data:`TABLES`), ``labels.loss`` / ``labels.protocol``, top-level ``blocks_pruned`` and
 ``recovery`` (recipe, loss, lr, gamma_lr, trainable_params, tokens, budget, lr_source).
 Without ``labels.table`` a row is classified by :func:`classify` (today's method/variant
-rules). LR-sweep records (``selection.json``) are read by :func:`read_selection`.
+rules). A budget-ladder point (table ``budget``) also carries ``labels.budget_tokens`` (its
+token budget) and ``labels.budget_variant`` (the Table 1 variant it recovers again).
+LR-sweep records (``selection.json``) are read by :func:`read_selection`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ STAGES = ("start", "final")
 SETTING_KEYS = ("model", "method", "variant", "ratio", "stage")
 TRAIN_LOG_COLUMNS = ("step", "tokens", "loss", "lr", "ppl")
 #: Values of ``labels.table``: which table a result row belongs to.
-TABLES = ("main", "paper_protocol", "kd", "ablation", "extension", "dense")
+TABLES = ("main", "paper_protocol", "kd", "ablation", "extension", "dense", "budget")
 LOSSES = ("lm", "kd")
 PROTOCOLS = ("matched", "paper")
 #: FlexiGPT variants that are ablations when a file has no ``labels.table``.
@@ -42,9 +44,10 @@ _ABLATION_VARIANTS = ("no_lowrank", "no_outnorm", "no_svdinit", "frobenius")
 #: Per-row columns from the optional comparison fields (NaN / None when absent).
 RECOVERY_COLUMNS = ("table", "labels_table", "loss", "protocol", "blocks_pruned", "recipe",
                     "lr", "gamma_lr", "trainable_params", "tokens", "lr_source",
-                    "budget_target", "budget_achieved", "budget_rel_error", "budget_source")
+                    "budget_target", "budget_achieved", "budget_rel_error", "budget_source",
+                    "budget_tokens", "budget_variant")
 _NUMERIC_RECOVERY = ("blocks_pruned", "lr", "gamma_lr", "trainable_params", "tokens",
-                     "budget_target", "budget_achieved", "budget_rel_error")
+                     "budget_target", "budget_achieved", "budget_rel_error", "budget_tokens")
 #: HF / tooling JSON names under a results tree that are never results.
 _SKIP_NAMES = {"config.json", "generation_config.json", "tokenizer.json",
                "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -291,6 +294,8 @@ def _comparison_fields(path: Path, data: dict, labels: dict, row: dict) -> dict[
     out["labels_table"] = _choice(path, labels, "table", TABLES, "labels.")
     out["table"] = out["labels_table"] or classify(row["method"], row["variant"])
     out["protocol"] = _choice(path, labels, "protocol", PROTOCOLS, "labels.")
+    out["budget_tokens"] = _opt(path, labels, "budget_tokens", int, "labels.")
+    out["budget_variant"] = _opt(path, labels, "budget_variant", str, "labels.")
     if "blocks_pruned" in data:
         out["blocks_pruned"] = _count(path, data, "blocks_pruned", "", nullable=True)
     if "recovery" in data:

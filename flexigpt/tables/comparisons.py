@@ -1,8 +1,10 @@
-"""Paired comparisons of result rows (``comparisons.md/.csv``) via :func:`stats.compare_runs`.
+"""Paired comparisons of result rows (``comparisons.md/.csv``) via
+:func:`stats.paired_replicates` (the engine of :func:`stats.compare_runs`: same numbers).
 
 A :class:`Comparator` gives the paired A − B difference of one metric between two
 settings (keys of :func:`~flexigpt.tables.intervals.setting_key`): accuracy per task and
-the task average in points (%), log-PPL in nats. Each cell is a :class:`Diff` whose
+the task average in points (%), log-PPL in nats. Each cell is a :class:`Diff` (its 95 %
+interval and its bootstrap replicates, for multiplicity-controlled verdicts) whose
 ``status`` says why there is no interval: ``not run`` (a setting is not in the results),
 ``no records`` (a result file predates per-document records, or the metric was not
 evaluated), ``unpaired`` (the runs scored different documents / windows:
@@ -21,6 +23,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from flexigpt import stats
@@ -39,13 +42,20 @@ HEADERS = {"log_ppl": "Δ log-PPL", **{t: f"Δ {h}" for t, h in TASK_HEADERS.ite
 OK, NOT_RUN, NO_RECORDS, UNPAIRED = "ok", "not run", "no records", "unpaired"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Diff:
-    """One paired difference A − B: ``interval`` when ``status == "ok"``."""
+    """One paired difference A − B: ``interval`` and its bootstrap ``replicates``
+    (``[n_boot]``, the same units) when ``status == "ok"``."""
 
     status: str
     interval: stats.Interval | None = None
     note: str = ""
+    replicates: np.ndarray | None = None
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """Runs resampled per side, ``(S_a, S_b)``; ``()`` without an interval."""
+        return tuple(self.interval.seeds) if self.interval is not None else ()
 
     def text(self, digits: int = 1) -> str:
         """``+2.0 [−1.1, 5.0]`` or the status."""
@@ -98,17 +108,18 @@ class Comparator:
             if metric == "log_ppl":
                 if not all(r.get("perplexity") for r in ra + rb):
                     return Diff(NO_RECORDS)
-                return Diff(OK, stats.compare_runs(_ppl_view(ra), _ppl_view(rb), tasks=[],
-                                                   **kw)["log_ppl"])
-            tasks = list(TASKS) if metric == "avg" else [metric]
-            if any(t not in (r.get("tasks") or {}) for r in ra + rb for t in tasks):
-                return Diff(NO_RECORDS)
-            res = stats.compare_runs(_tasks_view(ra), _tasks_view(rb), tasks=tasks, **kw)
+                reps = stats.paired_replicates([(_ppl_view(ra), _ppl_view(rb))], metric, **kw)
+            else:
+                tasks = list(TASKS) if metric == "avg" else [metric]
+                if any(t not in (r.get("tasks") or {}) for r in ra + rb for t in tasks):
+                    return Diff(NO_RECORDS)
+                reps = stats.paired_replicates([(_tasks_view(ra), _tasks_view(rb))], metric,
+                                               tasks=tasks, **kw)
         except stats.PairingError as err:
             log.info("unpaired %s vs %s (%s): %s", a, b, metric, err)
             return Diff(UNPAIRED, note=str(err))
-        iv = res["average"] if metric == "avg" else res["tasks"][metric]
-        return Diff(OK, _scaled(iv, 100.0))
+        k = 1.0 if metric == "log_ppl" else 100.0  # nats; accuracy in points
+        return Diff(OK, _scaled(reps.interval(0), k), replicates=k * reps.boot[:, 0])
 
 
 def key_of(agg: pd.DataFrame, model: str, method: str, variant: str, ratio: float | None,

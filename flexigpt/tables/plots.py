@@ -45,7 +45,7 @@ def save_figure(fig: Figure, out_dir: str | os.PathLike, stem: str) -> list[Path
     return paths
 
 
-def _log_y(ax: Any) -> None:
+def log_y(ax: Any) -> None:
     """Log-scale y axis with plain-number tick labels (20, 50, 100 rather than 2×10¹)."""
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -101,7 +101,7 @@ def accuracy_vs_ratio(agg: pd.DataFrame, model: str, out_dir: str | os.PathLike,
             if lo is not None and hi is not None and lo.notna().any() and hi.notna().any():
                 ax.axhspan(float(lo.mean()), float(hi.mean()), color="0.4", alpha=0.12, lw=0)
         if col == "ppl" and comp["ppl"].notna().any():
-            _log_y(ax)
+            log_y(ax)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("achieved compression (% params)", fontsize=8)
         ax.grid(alpha=0.3)
@@ -118,7 +118,8 @@ def accuracy_vs_ratio(agg: pd.DataFrame, model: str, out_dir: str | os.PathLike,
 
 def recovery_curves(logs: dict[str, pd.DataFrame], out_dir: str | os.PathLike,
                     stem: str = "fig_recovery_loss") -> list[Path]:
-    """Training loss (and logged PPL, if any) vs tokens, one line per ``train_log.csv``."""
+    """Training loss (and the tuning-split PPL the trainer logged, if any) vs tokens, one
+    line per ``train_log.csv``."""
     if not logs:
         log.info("recovery-loss plot: no train_log.csv files; skipped")
         return []
@@ -141,8 +142,9 @@ def recovery_curves(logs: dict[str, pd.DataFrame], out_dir: str | os.PathLike,
     axes[0].set(xlabel="tokens (M)", ylabel="training loss", title="Recovery training loss")
     axes[0].legend(fontsize=7)
     if with_ppl:
-        axes[1].set(xlabel="tokens (M)", ylabel="held-out PPL", title="Held-out PPL")
-        _log_y(axes[1])
+        axes[1].set(xlabel="tokens (M)", ylabel="tuning-split PPL",
+                    title="Tuning-split PPL (recovery choices; never the test split)")
+        log_y(axes[1])
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -257,7 +259,7 @@ def lr_sweep(sel: pd.DataFrame, model: str, out_dir: str | os.PathLike, stem: st
         ax.set_xticks(lrs, [sci(v) for v in lrs])
         finite = g["tune_ppl"][g["tune_ppl"].map(math.isfinite) & g["tune_ppl"].gt(0)]
         if len(finite) and finite.max() / finite.min() > 3:
-            _log_y(ax)
+            log_y(ax)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("learning rate (log)", fontsize=8)
         steps = g.dropna(subset=["rung_step", "steps"]) if "rung_step" in g else g.iloc[:0]

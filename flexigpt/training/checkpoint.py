@@ -108,13 +108,43 @@ def read_state(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"training checkpoint {str(path)!r} is unreadable: {err}") from None
 
 
+def _load_part(file: Path) -> dict[str, Any]:
+    """One file of a checkpoint (a dict of tensors and plain state), loaded with
+    ``weights_only=True``.
+
+    Raises:
+        CheckpointError: naming the file when it is missing, unreadable, corrupt, holds
+            objects a checkpoint of this harness never holds (refused, never unpickled), or
+            is not a dict. Starting over means deleting the checkpoint directory.
+    """
+    import pickle
+
+    fix = f"delete {str(file.parent)!r} to start the training over"
+    try:
+        loaded = torch.load(file, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"training checkpoint file {str(file)!r} is not one this harness wrote (corrupt, "
+            f"or it holds objects other than tensors and plain state); refusing to load it: "
+            f"{fix}") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise CheckpointError(f"training checkpoint file {str(file)!r} is unreadable or "
+                              f"corrupt ({reason}): {fix}") from None
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+        raise CheckpointError(f"training checkpoint file {str(file)!r} holds a "
+                              f"{type(loaded).__name__}, not a dict by name: {fix}")
+    return loaded
+
+
 def load_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any,
                     digest: str) -> TrainState | None:
     """Restore trainable tensors, optimizer and scheduler; None when there is no checkpoint.
 
     Raises:
-        CheckpointError: the checkpoint was made with other settings (fingerprint), or its
-            tensors do not match the model's trainable set.
+        CheckpointError: the checkpoint was made with other settings (fingerprint), a file
+            of it is corrupt or crafted (:func:`_load_part`), or its tensors or optimizer
+            state do not match the model's trainable set; the message names the file.
     """
     path = find_checkpoint(ckpt)
     if path is None:
@@ -125,20 +155,27 @@ def load_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
             f"training checkpoint {str(path)!r} was written by a run with different settings "
             "(model, text, config or recipe); rerun with the same settings to resume, or "
             "delete it to start over")
-    try:
-        tensors = torch.load(path / "trainable.pt", weights_only=True)
-        opt = torch.load(path / "optimizer.pt", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as err:
-        raise CheckpointError(f"training checkpoint {str(path)!r} is corrupt: {err}") from None
+    tensors = _load_part(path / "trainable.pt")
+    opt = _load_part(path / "optimizer.pt")
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    if set(params) != set(tensors) or any(params[n].shape != t.shape for n, t in tensors.items()):
-        raise CheckpointError(f"training checkpoint {str(path)!r} does not match the model's "
-                              "trainable parameters")
+    if (not all(isinstance(t, torch.Tensor) for t in tensors.values())
+            or set(params) != set(tensors)
+            or any(params[n].shape != t.shape for n, t in tensors.items())):
+        raise CheckpointError(f"training checkpoint file {str(path / 'trainable.pt')!r} does "
+                              "not match the model's trainable parameters")
+    if not isinstance(opt.get("optimizer"), dict) or not isinstance(opt.get("scheduler"), dict):
+        raise CheckpointError(f"training checkpoint file {str(path / 'optimizer.pt')!r} lacks "
+                              "the optimizer or scheduler state")
     with torch.no_grad():
         for name, tensor in tensors.items():
             params[name].copy_(tensor)
-    optimizer.load_state_dict(opt["optimizer"])
-    scheduler.load_state_dict(opt["scheduler"])
+    try:
+        optimizer.load_state_dict(opt["optimizer"])
+        scheduler.load_state_dict(opt["scheduler"])
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
+        raise CheckpointError(f"training checkpoint file {str(path / 'optimizer.pt')!r} does "
+                              f"not fit this run's optimizer ({type(err).__name__}: {err})"
+                              ) from None
     return TrainState(step=int(meta["step"]), position=int(meta["position"]),
                       train_seconds=float(meta["train_seconds"]), log=list(meta["log"]))
 

@@ -31,6 +31,11 @@ DEFAULT_LR = {"flexigpt": 4e-3, "lora": 4e-3, "full": 1e-4, "none": 0.0}
 #: LoRA rank/alpha when neither config nor manifest gives them (LLM-Pruner's r 8, α 16).
 DEFAULT_LORA_RANK = 8
 DEFAULT_LORA_ALPHA = 16.0
+#: Default spacing of the recovery curve's tuning-split evaluations, in multiples of the
+#: tokens one evaluation reads (``eval_windows · seq_len``): a forward pass costs about a
+#: third of a training step on as many tokens, so periodic evaluation costs ~1/24 (≈ 4 %)
+#: of the training compute.
+CURVE_SPACING = 8
 BF16_MODES = ("auto", "on", "off")
 SCHEDULES = ("cosine", "constant")
 LOSSES = ("lm", "kd")
@@ -282,3 +287,25 @@ def resolve_plan(cfg: TrainConfig, manifest: Manifest) -> TrainPlan:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def curve_every_steps(every_tokens: int | None, *, step_tokens: int, eval_tokens: int) -> int:
+    """``TrainConfig.eval_every`` (optimizer steps) for a recovery curve point every
+    ``every_tokens`` training tokens (``training.eval_every_tokens``): rounded to whole steps,
+    at least 1; ``0`` = no periodic evaluation (the curve has only its start, the rung of a
+    sweep and its end). ``None`` = every :data:`CURVE_SPACING` × ``eval_tokens`` tokens (the
+    tokens one evaluation reads), so the default costs ≈ 4 % of training whatever the run.
+
+    Raises:
+        ValueError: a negative ``every_tokens`` or a non-positive step / evaluation size.
+    """
+    if step_tokens < 1 or eval_tokens < 1:
+        raise ValueError(f"step_tokens and eval_tokens must be >= 1, got {step_tokens}, "
+                         f"{eval_tokens}")
+    if every_tokens is None:
+        every_tokens = CURVE_SPACING * eval_tokens
+    if isinstance(every_tokens, bool) or not isinstance(every_tokens, int) or every_tokens < 0:
+        raise ValueError(f"eval_every_tokens must be an integer >= 0, got {every_tokens!r}")
+    if every_tokens == 0:
+        return 0
+    return max(1, round(every_tokens / step_tokens))

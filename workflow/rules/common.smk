@@ -5,6 +5,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from flexigpt.code_deps import rule_code_version
+from flexigpt.config_check import check_ratios, check_resources, raise_problems
 from flexigpt.dag import PROMPT_TEXT, RunGrid, checkout_on_pythonpath
 from flexigpt.schedule import Priorities
 
@@ -12,9 +13,13 @@ from flexigpt.schedule import Priorities
 # its dependencies: workflow/envs/flexigpt.yaml)
 checkout_on_pythonpath(workflow.basedir)
 validate(config, schema="../schemas/config.schema.yaml")
-# builds every run's method config and TrainConfigs, checks sizes and model paths: a bad
-# option is a short error here, before any job (flexigpt.config_check)
+# ratios that would merge into one run directory, or name one the DAG cannot match, first
+raise_problems(((item, "") for item in check_ratios(config)))
+# builds every run's method config and TrainConfigs, checks sizes, ratio reach and model
+# paths: a bad option is a short error here, before any job (flexigpt.config_check)
 GRID = RunGrid.from_config(config)
+if workflow.is_main_process:  # the resources already built are what their builds recorded
+    check_resources(config, GRID)
 
 def code_of(script):
     """Hash of the harness code a rule's script can run (flexigpt.code_deps): a rule's jobs

@@ -1,4 +1,14 @@
 # Offline resources, built from pinned PyPI packages (sha256-verified) by the flexigpt package.
+#
+# The shell rules run the harness as `"$FLEXIGPT_PYTHON" -m flexigpt ...`: the interpreter
+# that runs Snakemake, or under --use-conda the job environment's `python`, which imports
+# the checkout through PYTHONPATH (common.smk); flexigpt.commands.run.export_harness_python
+# says why. `.venv/bin/snakemake` and `.venv/bin/flexigpt run` need no activated venv.
+from snakemake.settings.types import DeploymentMethod
+
+from flexigpt.commands.run import export_harness_python
+
+export_harness_python(DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method)
 
 
 rule fetch_wiki_text:
@@ -12,7 +22,7 @@ rule fetch_wiki_text:
     conda:
         "../envs/flexigpt.yaml"
     shell:
-        "flexigpt fetch wiki --out {params.out_dir} > {log} 2>&1"
+        '"$FLEXIGPT_PYTHON" -m flexigpt fetch wiki --out {params.out_dir} > {log} 2>&1'
 
 
 rule fetch_benchmarks:
@@ -23,7 +33,7 @@ rule fetch_benchmarks:
     conda:
         "../envs/flexigpt.yaml"
     shell:
-        "flexigpt fetch benchmarks --out {output} > {log} 2>&1"
+        '"$FLEXIGPT_PYTHON" -m flexigpt fetch benchmarks --out {output} > {log} 2>&1'
 
 
 rule fetch_smollm2:
@@ -38,7 +48,7 @@ rule fetch_smollm2:
     conda:
         "../envs/flexigpt.yaml"
     shell:
-        "flexigpt fetch smollm2 --out {output} > {log} 2>&1"
+        '"$FLEXIGPT_PYTHON" -m flexigpt fetch smollm2 --out {output} > {log} 2>&1'
 
 
 rule fetch_tiny_model:
@@ -53,7 +63,7 @@ rule fetch_tiny_model:
     conda:
         "../envs/flexigpt.yaml"
     shell:
-        "flexigpt fetch tiny-{wildcards.family} --text {input.text} --out {output} > {log} 2>&1"
+        '"$FLEXIGPT_PYTHON" -m flexigpt fetch tiny-{wildcards.family} --text {input.text} --out {output} > {log} 2>&1'
 
 
 rule split_heldout:

@@ -6,9 +6,17 @@ Params read from the rule (only ``figures`` is required):
   selections   list of ``results/<model>/<method>/<variant>/<setting>/selection.json`` (the
                recovery LR sweeps); default: none, never discovered under results/
   model_names  dict model key → display name for titles; default: the key
+
+When the results hold a budget ladder (results of table ``budget``: the config's ``budget:``
+section), also the budget tables and figures (:func:`flexigpt.tables.budget.build_budget`:
+``budget_*.md/.csv``, ``fig_budget_*.png``), listed in ``index.txt`` after the others.
 """
 
+from pathlib import Path
+
+from flexigpt.artifacts import atomic_write_text
 from flexigpt.tables import build_all
+from flexigpt.tables.budget import build_budget
 from flexigpt.dag import script_logging
 
 log = script_logging(snakemake.log[0])
@@ -21,4 +29,12 @@ figures.setdefault("selections", [])  # an explicit list: no discovery under res
 written = build_all("results", snakemake.output[0], results=list(snakemake.input.evals),
                     timings=list(snakemake.input.inference),
                     model_names=dict(params.get("model_names") or {}), **figures)
-log.info("wrote %d files", len(written))
+out = Path(snakemake.output[0])
+ladder = build_budget(list(snakemake.input.evals), out,
+                      train_logs=figures.get("train_logs") or [],
+                      model_names=dict(params.get("model_names") or {}))
+if ladder:
+    index = out / "index.txt"
+    listed = index.read_text() if index.is_file() else ""
+    atomic_write_text(index, listed + "".join(f"{p.relative_to(out)}\n" for p in ladder))
+log.info("wrote %d files", len(written) + len(ladder))

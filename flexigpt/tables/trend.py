@@ -1,0 +1,421 @@
+"""How FlexiGPT's gap to its like-for-like baseline moves with the recovery token budget.
+
+The like-for-like pair is FlexiGPT* vs ShortGPT + LoRA* at the same ratio, variant and
+recovery token budget (:func:`like_for_like`). At each budget t_j the paired difference
+Δ_j = FlexiGPT − ShortGPT + LoRA (log-PPL in nats, or the five-task average in accuracy
+points) is measured on the same test documents, and a line
+
+    Δ(t) = a + b · log10(t)
+
+is fitted by ordinary least squares through the B points (:func:`fit_trend`); b is the
+change of the gap per decade of tokens.
+
+Intervals. Every budget is evaluated on the SAME documents (windows), so the Δ_j are
+correlated through the documents. The replicates come from
+:func:`flexigpt.stats.paired_replicates` with all budgets as contrasts of one call: each
+bootstrap replicate draws one document multiset and applies it to every run of every budget
+(``boot [n_boot, B]``, one row = one joint draw). The same line is fitted to each row, and
+the percentile intervals of a, b, the crossover and the fitted Δ at a chosen budget are
+taken over those fits. Resampling each budget on its own (independent seeds) would treat
+the shared documents as fresh samples and misstate the slope's interval (wider where the
+document effects are shared, as here); reusing one seed per budget without sharing the draw
+would correlate them by accident instead of by the data. Seeds, where a budget has several
+runs, are resampled per run list. A single-seed budget's interval covers documents only.
+
+Crossover. The budget where the fitted line reaches Δ = 0 after the smallest measured budget
+t_min: t_c = 10^(−a/b) when the line moves toward zero as tokens grow (Δ(t_min) · b < 0);
+otherwise (moving away, or b = 0) there is no crossover and t_c = inf. ``crossover_fraction``
+is the share of replicates with a finite t_c; the crossover interval is the percentile
+interval over all replicates (inf included, so an upper bound of inf means "may never
+cross"). ``crossover_extrapolated``: t_c lies beyond the largest measured budget.
+
+Public API::
+
+    like_for_like(agg, model, ratio=None)        -> [BudgetPair] sorted by (ratio, tokens)
+    budget_pairs(agg, model, ratio)              -> [BudgetPair], one per budget
+    fit_trend(tokens, estimates, replicates, *, level, at_tokens, metric, unit) -> TrendFit
+    budget_trend(agg, comp, model, ratio, metric, *, at_tokens_per_param) -> TrendFit | None
+    trend_frame(fit) -> DataFrame;  render_markdown(fit, title=None) -> str
+    trend_table(agg, comp, models) -> Table | None   (``trend.md/.csv``)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from flexigpt import stats
+from flexigpt.tables.collect import TASKS
+from flexigpt.tables.intervals import setting_key
+from flexigpt.tables.render import Block, Table, si
+
+if TYPE_CHECKING:
+    from flexigpt.tables.comparisons import Comparator
+
+log = logging.getLogger(__name__)
+
+#: the paper's recovery budget: 1B tokens for Llama-2-7B (6.74B parameters) ≈ 0.15 / param.
+PAPER_TOKENS_PER_PARAM = 0.15
+#: metrics of a trend and their units (log-PPL in nats, the task average in points).
+UNITS = {"log_ppl": "nats", "avg": "points"}
+#: tables whose rows are never the like-for-like pair (the others, "main" included, are).
+_OTHER_TABLES = ("paper_protocol", "kd", "ablation", "extension", "dense")
+
+
+@dataclass(frozen=True)
+class BudgetPair:
+    """FlexiGPT* (``key_a``) and ShortGPT + LoRA* (``key_b``) at one ratio, variant and
+    recovery token budget ``tokens``; ``params`` = the dense model's parameter count (None
+    when unknown)."""
+
+    ratio: float
+    variant: str
+    tokens: float | None
+    params: float | None
+    key_a: tuple
+    key_b: tuple
+
+    @property
+    def tokens_per_param(self) -> float | None:
+        """Recovery tokens per dense parameter (None when either is unknown)."""
+        return self.tokens / self.params if self.tokens is not None and self.params else None
+
+    def budget_text(self) -> str:
+        """``32.8K tokens (0.00024 / param)`` or ``–``."""
+        if self.tokens is None:
+            return "–"
+        per = ("" if self.tokens_per_param is None
+               else f" ({self.tokens_per_param:.2g} / param)")
+        return f"{si(self.tokens)} tokens{per}"
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None or pd.isna(v) else float(v)
+
+
+def _candidates(agg: pd.DataFrame, model: str) -> pd.DataFrame:
+    """Final-stage, trained FlexiGPT and ShortGPT + LoRA rows of ``model`` outside the
+    paper-protocol, KD, ablation, extension and dense tables."""
+    from flexigpt.tables.build import table_of  # build may import this module
+
+    if agg.empty:
+        return agg
+    keep = (agg["model"].eq(model) & agg["stage"].eq("final")
+            & agg["method"].isin(["flexigpt", "shortgpt_lora"])
+            & ~table_of(agg).isin(_OTHER_TABLES) & agg["ratio"].notna())
+    if "trained" in agg:
+        keep &= agg["trained"].fillna(False).astype(bool)
+    return agg[keep]
+
+
+def like_for_like(agg: pd.DataFrame, model: str,
+                  ratio: float | None = None) -> list[BudgetPair]:
+    """The like-for-like pairs of ``model`` (at ``ratio`` only, when given): a FlexiGPT row
+    and a ShortGPT + LoRA row with the same ratio, variant and ``tokens`` (missing tokens
+    match missing tokens), keyed by :func:`setting_key` of the rows themselves (so a result
+    schema that tells budgets apart in its keys gives one pair per budget). Sorted by ratio,
+    then tokens."""
+    rows = _candidates(agg, model)
+    if ratio is not None and not rows.empty:
+        rows = rows[(rows["ratio"] - ratio).abs().lt(1e-6)]
+    out = []
+    flex = rows[rows["method"].eq("flexigpt")]
+    base = rows[rows["method"].eq("shortgpt_lora")]
+    for _, a in flex.iterrows():
+        t = _num(a.get("tokens"))
+        for _, b in base.iterrows():
+            tb = _num(b.get("tokens"))
+            if (b["variant"] != a["variant"] or abs(b["ratio"] - a["ratio"]) > 1e-6
+                    or (t is None) != (tb is None) or (t is not None and t != tb)):
+                continue
+            out.append(BudgetPair(round(float(a["ratio"]), 6), a["variant"], t,
+                                  _num(a.get("params_dense")), setting_key(a), setting_key(b)))
+    return sorted(out, key=lambda p: (p.ratio, -1 if p.tokens is None else p.tokens,
+                                      p.variant != "default", p.variant))
+
+
+def budget_pairs(agg: pd.DataFrame, model: str, ratio: float) -> list[BudgetPair]:
+    """One like-for-like pair per recovery token budget at ``ratio``, sorted by tokens: of
+    several pairs with the same budget, the ``default`` variant's (else the first). Serves
+    both ways a results schema can tell budgets apart: in the setting key (one variant at
+    several budgets) or by variant (one variant per budget)."""
+    out: dict[float | None, BudgetPair] = {}
+    for pair in like_for_like(agg, model, ratio):  # default variant first per budget
+        out.setdefault(pair.tokens, pair)
+    return sorted(out.values(), key=lambda p: -1 if p.tokens is None else p.tokens)
+
+
+@dataclass(frozen=True)
+class TrendFit:
+    """A fitted line Δ = a + b · log10(tokens) through B budgets, with percentile intervals
+    over jointly resampled replicates (see the module doc for every definition).
+
+    Per budget (tuples of length B, sorted by tokens): ``tokens``, ``estimates`` (Δ on the
+    full data), ``lows`` / ``highs`` (its interval). Fit: ``intercept`` (Δ at 1 token) and
+    ``slope`` (per decade of tokens) with ``*_low`` / ``*_high``; ``crossover`` (tokens,
+    inf: none), its interval and ``crossover_fraction``; ``crossover_extrapolated`` (None
+    without a crossover); ``at_tokens`` with ``at_estimate`` / ``at_low`` / ``at_high``
+    and ``at_extrapolated`` (outside the measured budgets), all None when not asked.
+    """
+
+    metric: str
+    unit: str
+    level: float
+    n_boot: int
+    tokens: tuple[float, ...]
+    estimates: tuple[float, ...]
+    lows: tuple[float, ...]
+    highs: tuple[float, ...]
+    intercept: float
+    intercept_low: float
+    intercept_high: float
+    slope: float
+    slope_low: float
+    slope_high: float
+    crossover: float
+    crossover_low: float
+    crossover_high: float
+    crossover_fraction: float
+    crossover_extrapolated: bool | None
+    at_tokens: float | None = None
+    at_estimate: float | None = None
+    at_low: float | None = None
+    at_high: float | None = None
+    at_extrapolated: bool | None = None
+    tokens_per_param: tuple[float | None, ...] | None = None
+    seeds: tuple[tuple[int, int], ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: tuples as lists, inf as the string ``"inf"``."""
+        def clean(v: Any) -> Any:
+            if isinstance(v, (list, tuple)):
+                return [clean(x) for x in v]
+            if isinstance(v, float) and math.isinf(v):
+                return "inf" if v > 0 else "-inf"
+            return v
+        return {k: clean(v) for k, v in asdict(self).items()}
+
+
+def _check_inputs(tokens: Any, estimates: Any, replicates: Any,
+                  level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t = np.asarray(tokens, dtype=np.float64)
+    e = np.asarray(estimates, dtype=np.float64)
+    r = np.asarray(replicates, dtype=np.float64)
+    if t.ndim != 1 or t.size < 2 or not np.isfinite(t).all() or (t <= 0).any():
+        raise ValueError(f"tokens must be >= 2 positive finite budgets, got {tokens!r}")
+    if np.unique(t).size < 2:
+        raise ValueError("tokens need at least two distinct budgets to fit a slope")
+    if e.shape != t.shape or not np.isfinite(e).all():
+        raise ValueError(f"estimates must be {t.shape} finite values, got shape {e.shape}")
+    if r.ndim != 2 or r.shape[1] != t.size or r.shape[0] < 10 or not np.isfinite(r).all():
+        raise ValueError(f"replicates must be a finite [n_boot >= 10, {t.size}] array, got "
+                         f"shape {r.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    return t, e, r
+
+
+def _lines(x: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """OLS ``(a [R], b [R])`` of each row of ``ys [R, B]`` on ``x [B]``."""
+    design = np.stack([np.ones_like(x), x], axis=1)
+    coef = np.linalg.pinv(design) @ ys.T  # [2, R]
+    return coef[0], coef[1]
+
+
+def _crossovers(a: np.ndarray, b: np.ndarray, x_min: float) -> np.ndarray:
+    """Tokens where each line reaches 0 after ``10**x_min`` (inf: it does not)."""
+    at_min = a + b * x_min
+    crosses = (b != 0) & (at_min * b <= 0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out = np.power(10.0, np.where(crosses, -a / np.where(b == 0, 1.0, b), np.inf))
+    return np.where(crosses, np.maximum(out, 10.0 ** x_min), np.inf)
+
+
+def _pct(values: np.ndarray, level: float, method: str = "linear") -> tuple[float, float]:
+    alpha = 1 - level
+    lo, hi = np.quantile(values, [alpha / 2, 1 - alpha / 2], method=method)
+    return float(lo), float(hi)
+
+
+def _at(a0: float, b0: float, a: np.ndarray, b: np.ndarray, at_tokens: float | None,
+        level: float, t: np.ndarray) -> dict[str, Any]:
+    if at_tokens is None:
+        return {}
+    if not (math.isfinite(at_tokens) and at_tokens > 0):
+        raise ValueError(f"at_tokens must be a positive number, got {at_tokens!r}")
+    x = math.log10(at_tokens)
+    lo, hi = _pct(a + b * x, level)
+    return {"at_tokens": float(at_tokens), "at_estimate": float(a0 + b0 * x), "at_low": lo,
+            "at_high": hi, "at_extrapolated": bool(at_tokens < t.min() or at_tokens > t.max())}
+
+
+def fit_trend(tokens: Sequence[float], estimates: Sequence[float], replicates: Any, *,
+              level: float = stats.LEVEL, at_tokens: float | None = None, metric: str = "",
+              unit: str = "", tokens_per_param: Sequence[float | None] | None = None,
+              seeds: Sequence[tuple[int, int]] | None = None) -> TrendFit:
+    """Fit Δ = a + b·log10(tokens) to ``estimates [B]`` and to each row of ``replicates
+    [n_boot, B]`` (joint bootstrap replicates of the B differences, e.g.
+    :attr:`stats.Replicates.boot`), B ≥ 2 distinct positive budgets ``tokens [B]``.
+    ``at_tokens``: also report the fitted Δ there (flagged when outside the budgets).
+    Raises ValueError on malformed input."""
+    t, e, r = _check_inputs(tokens, estimates, replicates, level)
+    order = np.argsort(t, kind="stable")
+    t, e, r = t[order], e[order], r[:, order]
+    x = np.log10(t)
+    (a0,), (b0,) = _lines(x, e[None])
+    a, b = _lines(x, r)
+    cross0 = float(_crossovers(np.array([a0]), np.array([b0]), x.min())[0])
+    cross = _crossovers(a, b, x.min())
+    lows, highs = zip(*(_pct(r[:, j], level) for j in range(t.size)), strict=True)
+    tpp = None if tokens_per_param is None else tuple(
+        None if tokens_per_param[i] is None else float(tokens_per_param[i]) for i in order)
+    return TrendFit(
+        metric=metric, unit=unit, level=level, n_boot=int(r.shape[0]),
+        tokens=tuple(map(float, t)), estimates=tuple(map(float, e)), lows=tuple(lows),
+        highs=tuple(highs), intercept=float(a0), intercept_low=_pct(a, level)[0],
+        intercept_high=_pct(a, level)[1], slope=float(b0), slope_low=_pct(b, level)[0],
+        slope_high=_pct(b, level)[1], crossover=cross0,
+        crossover_low=_pct(cross, level, "inverted_cdf")[0],
+        crossover_high=_pct(cross, level, "inverted_cdf")[1],
+        crossover_fraction=float(np.isfinite(cross).mean()),
+        crossover_extrapolated=None if math.isinf(cross0) else bool(cross0 > t.max()),
+        tokens_per_param=tpp,
+        seeds=None if seeds is None else tuple(tuple(seeds[i]) for i in order),
+        **_at(float(a0), float(b0), a, b, at_tokens, level, t))
+
+
+def budget_trend(agg: pd.DataFrame, comp: Comparator, model: str, ratio: float, metric: str,
+                 *, at_tokens_per_param: float | None = PAPER_TOKENS_PER_PARAM,
+                 level: float = stats.LEVEL) -> TrendFit | None:
+    """The trend of FlexiGPT − ShortGPT + LoRA (``metric``: ``log_ppl`` in nats or ``avg``
+    in points) over the like-for-like budgets of ``model`` at ``ratio``
+    (:func:`budget_pairs`), with the fitted Δ at ``at_tokens_per_param`` × dense
+    parameters. None when fewer than two budgets have records of ``metric`` (a budget
+    without them is left out) or the runs did not score the same documents (logged)."""
+    if metric not in UNITS:
+        raise ValueError(f"metric must be one of {sorted(UNITS)}, got {metric!r}")
+    pairs = [p for p in budget_pairs(agg, model, ratio) if p.tokens]
+    runs = [(p, comp.store.runs(p.key_a), comp.store.runs(p.key_b)) for p in pairs]
+    runs = [x for x in runs if _measured(x[1], metric) and _measured(x[2], metric)]
+    if len({p.tokens for p, _, _ in runs}) < 2:
+        return None
+    tasks = None if metric == "log_ppl" else list(TASKS)
+    try:
+        reps = stats.paired_replicates([(ra, rb) for _, ra, rb in runs], metric, tasks=tasks,
+                                       n_boot=comp.n_boot, seed=comp.seed)
+    except stats.PairingError as err:
+        log.info("trend of %s at %s (%s) skipped: %s", model, ratio, metric, err)
+        return None
+    reps = reps if metric == "log_ppl" else reps.scaled(100.0)
+    params = runs[0][0].params
+    at = at_tokens_per_param * params if at_tokens_per_param and params else None
+    return fit_trend([p.tokens for p, _, _ in runs], reps.estimate, reps.boot, level=level,
+                     at_tokens=at, metric=metric, unit=UNITS[metric],
+                     tokens_per_param=[p.tokens_per_param for p, _, _ in runs],
+                     seeds=reps.seeds)
+
+
+def _measured(runs: list[dict[str, Any]] | None, metric: str) -> bool:
+    """Whether every run's records hold ``metric`` (perplexity windows; every task)."""
+    if runs is None:
+        return False
+    if metric == "log_ppl":
+        return all(r.get("perplexity") for r in runs)
+    return all(t in (r.get("tasks") or {}) for r in runs for t in TASKS)
+
+
+def _fmt(v: float, digits: int) -> str:
+    return "∞" if math.isinf(v) else f"{v:+.{digits}f}"
+
+
+def _tokens_text(v: float) -> str:
+    return "∞" if math.isinf(v) else si(v)
+
+
+def _fit_rows(fit: TrendFit, d: int) -> list[dict[str, str]]:
+    """The fit's rows of :func:`trend_frame`."""
+    u = fit.unit
+    rows = [{"Budget": "fit: slope b per decade", "Tokens / param": "",
+             "Δ [95% CI]": f"{_fmt(fit.slope, d)} [{_fmt(fit.slope_low, d)}, "
+                           f"{_fmt(fit.slope_high, d)}] {u}"},
+            {"Budget": "fit: intercept a (Δ at 1 token)", "Tokens / param": "",
+             "Δ [95% CI]": f"{_fmt(fit.intercept, d)} [{_fmt(fit.intercept_low, d)}, "
+                           f"{_fmt(fit.intercept_high, d)}] {u}"}]
+    where = ("none: the line moves away from 0" if math.isinf(fit.crossover) else
+             f"{_tokens_text(fit.crossover)} tokens" + (
+                 " (extrapolated: beyond the largest budget)" if fit.crossover_extrapolated
+                 else " (within the measured budgets)"))
+    rows.append({"Budget": "fit: crossover (Δ = 0)", "Tokens / param": "",
+                 "Δ [95% CI]": f"{where}; interval [{_tokens_text(fit.crossover_low)}, "
+                               f"{_tokens_text(fit.crossover_high)}]; "
+                               f"{100 * fit.crossover_fraction:.0f}% of replicates cross"})
+    if fit.at_tokens is not None:
+        flag = " (extrapolated)" if fit.at_extrapolated else ""
+        rows.append({"Budget": f"fit: Δ at {si(fit.at_tokens)} tokens{flag}",
+                     "Tokens / param": "",
+                     "Δ [95% CI]": f"{_fmt(fit.at_estimate, d)} [{_fmt(fit.at_low, d)}, "
+                                   f"{_fmt(fit.at_high, d)}] {u}"})
+    return rows
+
+
+def trend_frame(fit: TrendFit) -> pd.DataFrame:
+    """Display rows: one per budget (``Budget``, ``Tokens / param``, ``Δ [95% CI]``), then
+    the fit (slope per decade, intercept, crossover, Δ at ``at_tokens``)."""
+    d = 3 if fit.metric == "log_ppl" else 1
+    tpp = fit.tokens_per_param or (None,) * len(fit.tokens)
+    rows = [{"Budget": f"{si(t)} tokens", "Tokens / param": "–" if p is None else f"{p:.2g}",
+             "Δ [95% CI]": f"{e:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]"}
+            for t, p, e, lo, hi in zip(fit.tokens, tpp, fit.estimates, fit.lows, fit.highs,
+                                       strict=True)]
+    return pd.DataFrame(rows + _fit_rows(fit, d))
+
+
+def render_markdown(fit: TrendFit, title: str | None = None) -> str:
+    """A Markdown table of :func:`trend_frame` (``title`` as a ``###`` heading)."""
+    frame = trend_frame(fit)
+    cols = list(frame.columns)
+    lines = [f"### {title}", ""] if title else []
+    lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for _, r in frame.iterrows()]
+    return "\n".join(lines) + "\n"
+
+
+NOTE = ("Δ = FlexiGPT* − ShortGPT + LoRA* at the same ratio and recovery token budget "
+        "(log-PPL in nats, Avg in points), paired over the same test documents; every budget "
+        "is resampled jointly (one document draw per replicate for all budgets), and the "
+        "line Δ = a + b·log10(tokens) is fitted by least squares to the estimates and to each "
+        "replicate: intervals are percentile intervals over those fits. Crossover: where the "
+        "line reaches 0 after the smallest budget (∞: it moves away from 0). Tokens / param = "
+        "recovery tokens over the dense model's parameters (the paper: 1B / 6.7B ≈ 0.15). "
+        "A budget with one seed per method: its interval covers documents, not training "
+        "seeds.")
+
+
+def trend_table(agg: pd.DataFrame, comp: Comparator, models: list[str], *,
+                at_tokens_per_param: float | None = PAPER_TOKENS_PER_PARAM) -> Table | None:
+    """``trend``: one block per model, ratio and metric (``log_ppl``, ``avg``) whose
+    like-for-like pair was run at two or more budgets; CSV one row per block
+    (:meth:`TrendFit.to_dict` plus model and ratio). None without such a block."""
+    blocks, csv = [], []
+    for model in models:
+        ratios = sorted({p.ratio for p in like_for_like(agg, model)})
+        for ratio in ratios:
+            for metric in UNITS:
+                fit = budget_trend(agg, comp, model, ratio, metric,
+                                   at_tokens_per_param=at_tokens_per_param)
+                if fit is None:
+                    continue
+                name = "log-PPL" if metric == "log_ppl" else "Avg"
+                blocks.append(Block(f"{model}: {100 * ratio:.0f}%, Δ {name} vs recovery "
+                                    "tokens", trend_frame(fit), notes=[NOTE]))
+                csv.append({"model": model, "ratio": ratio, **fit.to_dict()})
+    if not blocks:
+        return None
+    return Table("trend", "FlexiGPT − ShortGPT + LoRA against the recovery budget", blocks,
+                 pd.DataFrame(csv))
