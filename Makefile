@@ -6,8 +6,9 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 BIN := $(VENV)/bin
+CHECKED := flexigpt baselines workflow/scripts benchmarks
 
-.PHONY: setup run smoke test test-slow test-slurm lint report
+.PHONY: setup run smoke test check test-slow test-slurm lint report
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -24,10 +25,14 @@ run: setup
 smoke: setup
 	. $(BIN)/activate && flexigpt run --cores all --configfile config/smoke.yaml
 
+# lint and types first (a minute), then the suite; the layer contract is tests/test_layers.py
 test: setup
-	. $(BIN)/activate && python -m pytest -q -m "not slow"
+	. $(BIN)/activate && ruff check $(CHECKED) && mypy && python -m pytest -q -m "not slow and not gpu"
 
-# the end-to-end smoke DAG and the real SmolLM2 resource build (minutes; builds resources/)
+check: setup
+	. $(BIN)/activate && ruff check $(CHECKED) && mypy && python -m flexigpt.layers
+
+# the end-to-end smoke DAG and the real SmolLM2 resource build (minutes; in temporary dirs)
 test-slow: setup
 	. $(BIN)/activate && python -m pytest -q -m slow
 

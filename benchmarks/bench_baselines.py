@@ -74,6 +74,7 @@ def recover(model_dir: Path, args: argparse.Namespace) -> tuple[Path, dict[str, 
     cfg = TrainConfig(tokens=args.recover_tokens, seq_len=args.train_seq_len, micro_batch=8,
                       global_batch=16, eval_windows=None, checkpoint_every=0, seed=args.seed)
     manifest = train_model(model_dir, out, cfg, text=args.calibration)
+    assert isinstance(manifest, Manifest)  # no stop_step: the trained model's manifest
     return out, manifest.history[-1]
 
 

@@ -10,8 +10,8 @@ loops the model and the draft alone (``c`` = the draft's per-token latency over 
 and self-speculative decoding at each of ``--draft-lengths``: α, speed-up over the lean
 plain batch-1 decoding of the same model (and over transformers' ``generate``), the bound ``(1 − α^(k+1)) / ((1 − α)(k·c +
 1))``, speed-up / bound, and whether the greedy tokens equal plain decoding's. ``--merged``
-adds each FlexiGPT model with merged replacement weights (the opt-in lean path,
-:mod:`flexigpt.generation.lean`), decoded plainly. The load average is printed at the start
+adds each FlexiGPT model with merged replacement weights (the opt-in merged-weights path,
+:mod:`flexigpt.generation.merged`), decoded plainly. The load average is printed at the start
 and end and written to the JSON.
 
 Default prompts: the first sentences of the first ``--n-prompts`` documents of
@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -41,10 +42,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flexigpt.artifacts import LoadedModel, atomic_write_text  # noqa: E402
-from flexigpt.generation import Generator  # noqa: E402
-from flexigpt.generation.measure import (PAPER_SPECULATIVE_SPEEDUP,  # noqa: E402
-                                         default_prompts, measure_decode)
+from flexigpt.artifacts import LoadedModel  # noqa: E402
+from flexigpt.fileio import atomic_write_text  # noqa: E402
+from flexigpt.generation import Generator, read_prompts  # noqa: E402
+from flexigpt.generation.measure import (  # noqa: E402
+    PAPER_SPECULATIVE_SPEEDUP,
+    default_prompts,
+    measure_decode,
+)
+from flexigpt.generation.merged import merge_replacement_linears  # noqa: E402
+from flexigpt.provenance import provenance  # noqa: E402
 
 WIKI = ROOT / "resources" / "text" / "wiki"
 
@@ -57,7 +64,8 @@ def held_out_text() -> Path:
     raise FileNotFoundError(f"no held-out text under {WIKI}; pass --prompts-file")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (``--quick`` already applied)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="+", help="saved model directories")
     p.add_argument("--labels", nargs="+", help="one label per model (default: dir names)")
@@ -81,29 +89,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.n_prompts, args.max_new_tokens = min(args.n_prompts, 3), 8
         args.batch_size, args.repeats = 2, 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    labels = args.labels or [Path(m).name for m in args.models]
-    if len(labels) != len(args.models):
-        raise SystemExit("--labels needs one label per model")
-    if args.prompts_file:
-        from flexigpt.generation import read_prompts
-        prompts = read_prompts(args.prompts_file)[:args.n_prompts]
-    else:
-        prompts = default_prompts(held_out_text(), args.n_prompts)
-    load_start = os.getloadavg()
-    print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} "
-          f"{load_start[2]:.2f} ({os.cpu_count()} cpus, {torch.get_num_threads()} threads)")
+    return args
 
+
+def load_generators(args: argparse.Namespace,
+                    labels: list[str]) -> tuple[dict[str, Generator], dict[str, str]]:
+    """label → :class:`Generator` of each model (plus ``<label>+merged`` copies of the
+    FlexiGPT models with ``--merged``, their merge info as ``merge_info``), and label →
+    model directory."""
     gens: dict[str, Generator] = {}
-    dirs: dict[str, str | None] = {}
+    dirs: dict[str, str] = {}
     for label, model_dir in zip(labels, args.models):
         gens[label] = Generator(model_dir, dtype=args.dtype)
         dirs[label] = str(model_dir)
         if args.merged and gens[label].supports_speculative():
-            import copy
-
-            from flexigpt.generation.lean import merge_replacement_linears
             g = gens[label]
             merged_model = copy.deepcopy(g.model)
             info = merge_replacement_linears(merged_model)
@@ -111,25 +110,12 @@ def main(argv: list[str] | None = None) -> int:
                                                             g.manifest))
             gens[f"{label}+merged"].merge_info = info  # type: ignore[attr-defined]
             dirs[f"{label}+merged"] = str(model_dir)
+    return gens, dirs
 
-    def progress(rep: int, label: str, b1: dict[str, Any], seconds: float) -> None:
-        print(f"[repeat {rep + 1}/{args.repeats}] {label}: {b1['per_token_ms']:.2f} ms/token "
-              f"at batch 1 ({seconds:.1f} s)", flush=True)
 
-    # merged copies decode plainly only: their draft is the unmerged model's (same blocks)
-    spec = [label for label, g in gens.items()
-            if g.supports_speculative() and not hasattr(g, "merge_info")]
-    models = measure_decode(gens, prompts, args.max_new_tokens, args.batch_size,
-                            args.draft_lengths, args.repeats, on_round=progress,
-                            speculative=spec, batched=not args.no_batched)
-    for e in models:
-        e["label"], e["dir"] = e["name"], dirs[e["name"]]
-        if hasattr(gens[e["name"]], "merge_info"):
-            e["merged"] = gens[e["name"]].merge_info
-
-    load_end = os.getloadavg()
-    print(f"\n{len(prompts)} prompts × {args.max_new_tokens} new tokens, "
-          f"{args.repeats} repeat(s), batch {args.batch_size}")
+def print_models(models: list[dict[str, Any]]) -> None:
+    """The table of :func:`measure_decode`'s entries, and each FlexiGPT model's lean and
+    speculative figures."""
     print(f"{'model':<24}{'prefill ms':>11}{'ms/tok b1':>11}{'× ref':>7}{'tok/s b1':>10}"
           f"{'tok/s bB':>10}{'peak MB':>9}")
     for e in models:
@@ -150,6 +136,43 @@ def main(argv: list[str] | None = None) -> int:
                       f"{v['speedup_vs_transformers']:.3f} over transformers' generate "
                       f"(paper: {100 * PAPER_SPECULATIVE_SPEEDUP:.2f}% faster), "
                       f"identical {v['identical']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    labels = args.labels or [Path(m).name for m in args.models]
+    if len(labels) != len(args.models):
+        raise SystemExit("--labels needs one label per model")
+    if args.prompts_file:
+        prompts = read_prompts(args.prompts_file)[:args.n_prompts]
+    else:
+        prompts = default_prompts(held_out_text(), args.n_prompts)
+    load_start = os.getloadavg()
+    print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} "
+          f"{load_start[2]:.2f} ({os.cpu_count()} cpus, {torch.get_num_threads()} threads)")
+    gens, dirs = load_generators(args, labels)
+
+    def progress(rep: int, label: str, b1: dict[str, Any], seconds: float) -> None:
+        print(f"[repeat {rep + 1}/{args.repeats}] {label}: {b1['per_token_ms']:.2f} ms/token "
+              f"at batch 1 ({seconds:.1f} s)", flush=True)
+
+    # merged copies decode plainly only: their draft is the unmerged model's (same blocks)
+    spec = [label for label, g in gens.items()
+            if g.supports_speculative() and not hasattr(g, "merge_info")]
+    models = measure_decode(gens, prompts, args.max_new_tokens, args.batch_size,
+                            args.draft_lengths, args.repeats, on_round=progress,
+                            speculative=spec, batched=not args.no_batched)
+    for e in models:
+        e["label"], e["dir"] = e["name"], dirs[e["name"]]
+        gen = gens[e["name"]]
+        if hasattr(gen, "merge_info"):
+            e["merged"] = gen.merge_info
+    load_end = os.getloadavg()
+    print(f"\n{len(prompts)} prompts × {args.max_new_tokens} new tokens, "
+          f"{args.repeats} repeat(s), batch {args.batch_size}")
+    print_models(models)
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}; "
           f"max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     result = {"config": {"n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
@@ -161,7 +184,6 @@ def main(argv: list[str] | None = None) -> int:
               "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "prompts": prompts, "models": models}
     try:
-        from flexigpt.provenance import provenance
         result["provenance"] = provenance()
     except Exception as err:  # noqa: BLE001 - provenance is best effort in a benchmark
         result["provenance"] = {"error": repr(err)}
@@ -170,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.out, json.dumps(result, indent=2))
         print(f"wrote {args.out}")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

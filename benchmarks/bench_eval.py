@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from bench_train import macs_per_token, matmul_peak
 from torch.profiler import ProfilerActivity, profile
 
-from bench_train import macs_per_token, matmul_peak
 from flexigpt.artifacts import load_compressed
 from flexigpt.evaluation.fast.lm import ATTENTION_MODES, max_abs_diff
 from flexigpt.evaluation.fast.packing import WorkCounts
@@ -87,7 +86,7 @@ def metrics(task: Any, instances: list[Any], answers: list[tuple[float, bool]]) 
     return {k: v / len(per_doc) for k, v in sums.items()}
 
 
-def matmul_flops_per_token(model: nn.Module) -> tuple[float, float]:
+def matmul_flops_per_token(model: Any) -> tuple[float, float]:  # an HF LM: get_output_embeddings
     """``(decoder, LM head)`` matmul FLOPs per token: twice ``bench_train.macs_per_token``'s
     linear MACs (every use of a linear layer, LoRA paths included), split into the LM head and
     the rest; attention scores are not counted."""
@@ -205,14 +204,14 @@ def main() -> None:
         runs = timed_rounds(lms, inst, args.rounds)
         ref, t_stock, w_stock, all_stock = runs["stock"]
         ours, t_fast, w_fast, all_fast = runs["fast"]
-        row = {"requests": len(inst), "docs": len({i.doc_id for i in inst}),
-               "stock_s": t_stock, "fast_s": t_fast, "speedup": t_stock / t_fast,
-               "stock_wall_s": w_stock, "fast_wall_s": w_fast,
-               "stock_rounds_s": all_stock, "fast_rounds_s": all_fast,
-               "max_abs_diff": max_abs_diff(ref, ours),
-               "greedy_mismatch": sum(a[1] != b[1] for a, b in zip(ref, ours)),
-               "metrics_stock": metrics(task, inst, ref), "metrics_fast": metrics(task, inst, ours),
-               "work": work_report(fast.last_work, flops)}
+        row: dict[str, Any] = {"requests": len(inst), "docs": len({i.doc_id for i in inst}),
+                               "stock_s": t_stock, "fast_s": t_fast, "speedup": t_stock / t_fast,
+                               "stock_wall_s": w_stock, "fast_wall_s": w_fast,
+                               "stock_rounds_s": all_stock, "fast_rounds_s": all_fast,
+                               "max_abs_diff": max_abs_diff(ref, ours),
+                               "greedy_mismatch": sum(a[1] != b[1] for a, b in zip(ref, ours)),
+                               "metrics_stock": metrics(task, inst, ref), "metrics_fast": metrics(task, inst, ours),
+                               "work": work_report(fast.last_work, flops)}
         work_total += fast.last_work
         if bf16 is not None:
             low, t_bf16, w_bf16, _ = runs["bf16"]

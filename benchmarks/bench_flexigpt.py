@@ -2,7 +2,8 @@
 
 Prints (1) the time of each pruning stage (Block Influence, SVD truncations, distances,
 surgery + SVD init) and (2) forward latency of the compressed model relative to the dense
-model on the same input in the same process, for every ``SharedLoRALinear.forward_mode``,
+model on the same input in the same process, for every ``SharedLoRALinear`` forward mode
+(:func:`flexigpt.methods.sharing.set_forward_mode`, set on the compressed model only),
 for a prefill (``--batch × --tokens``) and for cached single-token decoding. Timings
 alternate dense/compressed and report medians of CPU time (robust on a shared machine) and
 of wall time. ``--compressed DIR`` times a saved model instead of compressing.
@@ -21,13 +22,14 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from flexigpt.artifacts import load_compressed
 from flexigpt.calibration import token_windows
 from flexigpt.methods.prune import FlexiGPTConfig, compress
-from flexigpt.methods.sharing import FORWARD_MODES, SharedLoRALinear
+from flexigpt.methods.sharing import FORWARD_MODES, set_forward_mode
 from flexigpt.models.loading import load_model
 
 
@@ -61,7 +63,7 @@ def report(label: str, t: dict[str, float], tokens: int | None = None) -> dict[s
     return fig
 
 
-def decode_fn(model: torch.nn.Module, prompt: torch.Tensor, steps: int) -> Callable[[], None]:
+def decode_fn(model: Any, prompt: torch.Tensor, steps: int) -> Callable[[], None]:  # HF LM: .config
     """Prefill ``prompt`` then greedily decode ``steps`` tokens one at a time with a KV cache."""
     from transformers import DynamicCache
 
@@ -95,7 +97,7 @@ def main() -> None:
 
     dense, tok = load_model(args.model)
     calib = token_windows(args.calibration, tok, args.seq_len, args.n_calibration, seed=0)
-    figures: dict[str, object] = {"prefill": {}, "decode": {}}
+    figures: dict[str, Any] = {"prefill": {}, "decode": {}}
     if args.compressed:  # latency only, on a model saved by `flexigpt compress`
         model = load_compressed(args.compressed).model
     else:
@@ -118,18 +120,18 @@ def main() -> None:
           f"(median of {args.repeats}):")
     with torch.inference_mode():
         for mode in FORWARD_MODES:
-            SharedLoRALinear.forward_mode = mode
+            set_forward_mode(model, mode)
             t = paired_medians(lambda: dense(ids), lambda: model(ids), args.repeats)
             figures["prefill"][mode] = report(mode, t, ids.numel())
         print(f"cached decoding of {args.decode_steps} tokens after a 32-token prompt:")
         prompt = ids[:1, :32]
         for mode in ("naive", "addmm", "auto"):
-            SharedLoRALinear.forward_mode = mode
+            set_forward_mode(model, mode)
             t = paired_medians(decode_fn(dense, prompt, args.decode_steps),
                                decode_fn(model, prompt, args.decode_steps),
                                max(3, args.repeats // 2))
             figures["decode"][mode] = report(mode, t)
-    SharedLoRALinear.forward_mode = "auto"
+    set_forward_mode(model, "auto")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(figures, fh, indent=2)

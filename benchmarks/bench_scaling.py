@@ -156,7 +156,6 @@ def baseline_stage(method: str, model: torch.nn.Module, calib: torch.Tensor,
     work = copy.deepcopy(model)
     with torch.no_grad():
         _, fig = measure(lambda: spec.compress(work, None, calib, cfg))
-    del work
     return fig
 
 
@@ -302,6 +301,7 @@ def extrapolate(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[st
             c, slope = fit_linear(rises)
             rise_gib = max(0.0, (c + slope * target) / 1024)  # a flat fit can dip below 0
             if stage == "train_step":  # activations grow with the micro-batch's tokens
+                assert bench_tokens is not None  # train_step rows record their tokens
                 rise_gib *= (PAPER["train_micro_batch"] * PAPER["train_seq_len"]) / bench_tokens
             entry["memory_fit"] = {"c_mib": round(c, 1),
                                    "bytes_per_param": round(slope * 2**20, 2)}
@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", action="store_true", help="also write <out>.png")
     args = p.parse_args(argv)
     if args.from_json:  # the measured rows of an earlier run, fitted again
-        figures = json.loads(Path(args.out).read_text())
+        figures: dict[str, Any] = json.loads(Path(args.out).read_text())
         figures["args"].update(gpu_peak=args.gpu_peak, mfu=args.mfu)
         figures["gpu_peak"] = args.gpu_peak
         figures["extrapolation"] = extrapolate(figures["sizes"], argparse.Namespace(
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench_train import matmul_peak  # benchmarks/ is the script's folder, on sys.path
 
-    figures: dict[str, Any] = {
+    figures = {
         "threads": args.threads, "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "cpu_peak_fp32": matmul_peak(torch.float32), "gpu_peak": args.gpu_peak,
         "args": vars(args), "paper": PAPER, "sizes": []}

@@ -63,7 +63,8 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         result = METHOD.compress(model, tok, windows, cfg)
     before, peak = rss.start / 2**20, rss.peak / 2**20
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    buffer_mib = windows.numel() * model.config.hidden_size * 4 / 2**20
+    hf_config: Any = model.config  # its HF config; nn.Module types attributes as Tensor | Module
+    buffer_mib = windows.numel() * hf_config.hidden_size * 4 / 2**20
     return {"n_calibration": args.n[0], "seq_len": args.seq_len, "threads": args.threads,
             "slice_seconds": round(seconds, 1), "slice_cpu_seconds": round(cpu, 1),
             "rss_before_slicing_mib": round(before, 1),
@@ -138,6 +139,7 @@ def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
 def rft(model_dir: Path, out: Path, val: torch.Tensor, args: argparse.Namespace) -> dict[str, Any]:
     """Recovery fine-tuning by the shared trainer (recipe from the manifest), then perplexity."""
     from flexigpt.artifacts import load_compressed
+    from flexigpt.manifest import Manifest
     from flexigpt.perplexity import perplexity
     from flexigpt.training import TrainConfig, train_model
 
@@ -145,6 +147,7 @@ def rft(model_dir: Path, out: Path, val: torch.Tensor, args: argparse.Namespace)
                        global_batch=8, checkpoint_every=0, eval_windows=8, seed=args.seed)
     start, cpu = time.perf_counter(), time.process_time()
     manifest = train_model(model_dir, out, tcfg, args.calibration)
+    assert isinstance(manifest, Manifest)  # no stop_step: the trained model's manifest
     trained = load_compressed(out)
     return {"rft_tokens": args.rft_tokens, "rft_seconds": round(time.perf_counter() - start, 1),
             "rft_cpu_seconds": round(time.process_time() - cpu, 1),
@@ -155,8 +158,9 @@ def rft(model_dir: Path, out: Path, val: torch.Tensor, args: argparse.Namespace)
 
 def rft_only(args: argparse.Namespace) -> list[dict[str, Any]]:
     """``rft`` mode: train already-compressed ``--model-dirs`` and measure them."""
-    from flexigpt.calibration import token_windows
     from transformers import AutoTokenizer
+
+    from flexigpt.calibration import token_windows
 
     tok = AutoTokenizer.from_pretrained(args.model_dirs[0], trust_remote_code=False)
     val = token_windows(args.validation, tok, args.ppl_seq_len, args.ppl_windows)

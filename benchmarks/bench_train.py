@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,9 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 from flexigpt.artifacts import load_compressed  # noqa: E402
 from flexigpt.calibration import token_windows  # noqa: E402
+from flexigpt.methods.lora import is_wrapper  # noqa: E402
 from flexigpt.training.config import TrainConfig, resolve_plan  # noqa: E402
 from flexigpt.training.data import WindowStream  # noqa: E402
-from flexigpt.training.lora import is_wrapper  # noqa: E402
 from flexigpt.training.loop import run_loop  # noqa: E402
 from flexigpt.training.recipes import apply_recipe  # noqa: E402
 
@@ -87,7 +88,7 @@ def macs_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
     adapter = get_adapter(model)
     blocks = list(adapter.layers(model))
     linear, lora = _linear_macs(model)
-    cfg = model.config
+    cfg: Any = model.config  # its HF config; nn.Module types attributes as Tensor | Module
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     per_block_attn = 2 * seq_len * cfg.num_attention_heads * head_dim
     first = next((i for i, b in enumerate(blocks)
@@ -111,6 +112,7 @@ def ensure_compressed(model: str, text: str, ratio: float, out: Path) -> Path:
 def measure(model_dir: Path, text: str, cfg: TrainConfig, steps: int, warmup: int) -> dict:
     """tokens/s of the trainer loop for ``cfg`` (timed over steps after ``warmup``)."""
     loaded = load_compressed(model_dir)
+    assert loaded.manifest is not None  # ensure_compressed wrote a harness output
     plan = resolve_plan(cfg, loaded.manifest)
     report = apply_recipe(loaded.model, plan)
     macs = macs_per_token(loaded.model, cfg.seq_len)

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,7 +52,8 @@ def main() -> int:
         report["plain_load"] = f"refused: {str(err).splitlines()[0][:200]}"
     ours = load_compressed(args.model_dir)
     remote = AutoModelForCausalLM.from_pretrained(args.model_dir, trust_remote_code=True).eval()
-    ids = torch.randint(3, ours.model.config.vocab_size, (2, 64),
+    ours_config: Any = ours.model.config  # its HF config; nn.Module types attributes as Tensor | Module
+    ids = torch.randint(3, ours_config.vocab_size, (2, 64),
                         generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         diff = (remote(ids).logits - ours.model(ids).logits).abs().max().item()
@@ -65,7 +67,7 @@ def main() -> int:
                               "--out", f"{tmp}/plain"], capture_output=True, text=True)
         report["export"] = {"rc": out.returncode,
                             "message": (out.stdout + out.stderr).strip().splitlines()[-1:]}
-        from flexigpt.export.lm_eval_tasks import write_task_yamls
+        from flexigpt.evaluation.lm_eval_tasks import write_task_yamls
 
         write_task_yamls(args.benchmarks, f"{tmp}/tasks")
         cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",

@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 from flexigpt import faults
-from flexigpt.artifacts import check_output, save_compressed
 from flexigpt.calibration import token_windows
 from flexigpt.devices import model_device
+from flexigpt.export.publish import publish_compressed
+from flexigpt.fileio import check_output
 from flexigpt.manifest import Manifest
 from flexigpt.models.loading import load_model
 from flexigpt.params import count_parameters
@@ -33,7 +34,8 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
     Args:
         method: registry key (``flexigpt``, ``shortgpt``, ``slicegpt``, ...).
         model_spec: local checkpoint directory or hub id of the dense model.
-        out_dir: output directory (written atomically; nothing left on failure).
+        out_dir: output directory (written atomically; nothing left on failure), published
+            with :func:`flexigpt.export.publish.publish_compressed` (remote code, card).
         options: the method's config fields (validated by its config dataclass).
         calibration: text file for calibration windows (methods that need it).
         n_calibration: number of calibration windows N.
@@ -44,7 +46,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
             calibration forward, SVD, PCA and importance pass runs there); recorded in the
             manifest. The saved weights are the same files on any device.
         force: replace an existing ``out_dir`` that is not a saved model (default: the
-            :func:`flexigpt.artifacts.force_outputs` setting, off).
+            :func:`flexigpt.fileio.force_outputs` setting, off).
         accept_ratio_miss: compress a block-count method (``MethodFacts.block_count``) at a
             ratio no block count reaches within half a block step (logged as a warning with
             target and achieved) instead of refusing it.
@@ -60,27 +62,14 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
             count policy (:class:`flexigpt.block_count.RatioOutOfReach`, naming target,
             achieved and the achievable range; checked after loading, before any work).
     """
-    spec = get_method(method)
-    cfg = spec.make_config(**(options or {}))  # validate before any heavy work
-    check_count(n_calibration, "n_calibration")
-    check_count(calibration_seq_len, "calibration_seq_len")
-    if spec.needs_calibration and calibration is None:
-        raise ValueError(f"method {method!r} needs a calibration text file (--calibration)")
-    check_output(out_dir, "model", force)  # refuse before loading anything
+    spec, cfg = _checked_request(method, options, calibration, n_calibration,
+                                 calibration_seq_len, out_dir, force)
     setup_run(seed)
     model, tokenizer = load_model(model_spec, dtype=dtype, device=device)
-    spec.check_family(model)
-    if method == "flexigpt":
-        from flexigpt.methods.surgery import check_flexigpt_rank
-
-        check_flexigpt_rank(model, cfg)
-    check_ratio_reach(method, model, cfg, accept_ratio_miss)
-    if spec.needs_calibration:
-        check_positions(model.config, calibration_seq_len, "--seq-len (calibration window)")
+    _check_loaded(method, spec, model, cfg, accept_ratio_miss, calibration_seq_len)
     dense_params = count_parameters(model)
-    calib = None
-    if spec.needs_calibration:
-        calib = token_windows(calibration, tokenizer, calibration_seq_len, n_calibration, seed)
+    calib = (token_windows(calibration, tokenizer, calibration_seq_len, n_calibration, seed)
+             if spec.needs_calibration and calibration is not None else None)
     start = time.perf_counter()
     log.info("compressing %s with %s (%s)", model_spec, method, cfg)
     with torch.no_grad():
@@ -91,12 +80,50 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         method, config=_jsonable(cfg), base_model=str(model_spec), structure=result.structure,
         info=result.info, dense_params=dense_params,
         compressed_params=count_parameters(result.model),
-        calibration=None if calib is None else {
-            "file": str(calibration), "n_windows": int(calib.shape[0]),
-            "seq_len": int(calib.shape[1]), "sample_seed": seed},
-        seed=seed, dtype=dtype, compress_seconds=round(seconds, 3),
+        calibration=_calibration_record(calibration, calib, seed), seed=seed, dtype=dtype, compress_seconds=round(seconds, 3),
         device=str(model_device(model)))
-    return save_compressed(result.model, tokenizer, manifest, out_dir, force=force)
+    return publish_compressed(result.model, tokenizer, manifest, out_dir, force=force)
+
+
+def _checked_request(method: str, options: dict[str, Any] | None, calibration: str | None,
+                     n_calibration: int, calibration_seq_len: int,
+                     out_dir: str | os.PathLike, force: bool | None) -> tuple[Any, Any]:
+    """``(method spec, validated config)`` of a :func:`compress` call, once every check that
+    needs no model passed: the options, the counts, the calibration file where the method
+    needs one, and ``out_dir`` (:class:`OutputExistsError` before anything is loaded)."""
+    spec = get_method(method)
+    cfg = spec.make_config(**(options or {}))  # validate before any heavy work
+    check_count(n_calibration, "n_calibration")
+    check_count(calibration_seq_len, "calibration_seq_len")
+    if spec.needs_calibration and calibration is None:
+        raise ValueError(f"method {method!r} needs a calibration text file (--calibration)")
+    check_output(out_dir, "model", force)  # refuse before loading anything
+    return spec, cfg
+
+
+def _check_loaded(method: str, spec: Any, model: Any, cfg: Any, accept_ratio_miss: bool,
+                  calibration_seq_len: int) -> None:
+    """The checks of a :func:`compress` call that need the loaded dense ``model``, before any
+    work: its family, the FlexiGPT rank, the block-count ratio's reach and the calibration
+    window length against the model's positions."""
+    spec.check_family(model)
+    if method == "flexigpt":
+        from flexigpt.methods.surgery import check_flexigpt_rank
+
+        check_flexigpt_rank(model, cfg)
+    check_ratio_reach(method, model, cfg, accept_ratio_miss)
+    if spec.needs_calibration:
+        check_positions(model.config, calibration_seq_len, "--seq-len (calibration window)")
+
+
+def _calibration_record(calibration: str | None, calib: torch.Tensor | None,
+                        seed: int) -> dict[str, Any] | None:
+    """The manifest's ``calibration`` entry for the windows ``calib`` (``[N, T]`` token ids)
+    drawn from ``calibration`` with ``seed``; None when the method saw none."""
+    if calib is None:
+        return None
+    return {"file": str(calibration), "n_windows": int(calib.shape[0]),
+            "seq_len": int(calib.shape[1]), "sample_seed": seed}
 
 
 def check_ratio_reach(method: str, model: Any, cfg: Any, accept_miss: bool = False) -> None:
@@ -132,5 +159,6 @@ def check_positions(config: Any, seq_len: int, what: str = "sequence length") ->
 def _jsonable(cfg: Any) -> dict[str, Any]:
     import dataclasses
 
-    out = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+    is_instance = dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)
+    out = dataclasses.asdict(cfg) if is_instance else dict(cfg)
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in out.items()}

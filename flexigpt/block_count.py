@@ -29,6 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from flexigpt.methods.surgery import default_rank, matrix_ranks, saving_per_block
+from flexigpt.models.adapters import get_adapter
+from flexigpt.params import count_parameters
+from flexigpt.registry import METHODS
+
 POLICIES = ("matched", "paper")
 #: how a block-count method's removal changes the parameter count (``MethodFacts.block_count``)
 REMOVALS = ("remove", "replace")
@@ -159,8 +164,6 @@ def _param_count(module: Any) -> int:
     params = list(module.parameters())
     if any(p.is_meta for p in params):
         return sum(p.numel() for p in params)
-    from flexigpt.params import count_parameters
-
     return count_parameters(module)
 
 
@@ -169,20 +172,15 @@ def achieved_curve(removal: str, model: Any, cfg: Any) -> tuple[int, Callable[[i
 
     ``remove`` (ShortGPT): k whole blocks (blocks have one shape, so which k does not
     matter); ``replace`` (FlexiGPT): k blocks replaced by weight-shared copies, each saving
-    ``flexigpt.methods.prune.saving_per_block``'s net count for ``cfg``'s rank, output norm
-    and pre-norm choice (what ``blocks_to_prune`` counts).
+    ``flexigpt.methods.surgery.saving_per_block``'s net count for ``cfg``'s rank, output
+    norm and pre-norm choice (what ``flexigpt.methods.prune.blocks_to_prune`` counts).
     """
-    from flexigpt.models.adapters import get_adapter
-
     adapter = get_adapter(model)
     blocks = list(adapter.layers(model))
     dense = _param_count(model)
     if removal == "remove":
         per_block = sum(_param_count(b) for b in blocks) / len(blocks)
     elif removal == "replace":
-        from flexigpt.methods.prune import saving_per_block
-        from flexigpt.methods.surgery import default_rank, matrix_ranks
-
         rank = getattr(cfg, "rank", None) or default_rank(model.config.hidden_size)
         ranks = matrix_ranks(adapter, blocks[0], rank)
         per_block = saving_per_block(model, ranks, getattr(cfg, "output_norm", True),
@@ -198,8 +196,6 @@ def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
     method whose ratio is not a block count (``MethodFacts.block_count`` unset). The target
     is ``cfg.match_ratio`` under ``matched`` when set (a like-for-like baseline), else
     ``cfg.ratio``. Raises as :func:`plan`."""
-    from flexigpt.registry import METHODS
-
     removal = METHODS[method].block_count
     if removal is None:
         return None

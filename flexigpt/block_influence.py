@@ -48,7 +48,8 @@ def block_influence(model: nn.Module, windows: torch.Tensor, batch_size: int = 4
         return hook
 
     def post_hook(idx: int):
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+        def hook(module: nn.Module, args: tuple, kwargs: dict,
+                 output: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
             out = output[0] if isinstance(output, (tuple, list)) else output
             cos = torch.nn.functional.cosine_similarity(
                 inputs.pop(idx).float(), out.detach().float(), dim=-1)  # [B, T]

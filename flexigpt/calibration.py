@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,17 +45,17 @@ def read_documents(path: str | os.PathLike) -> list[str]:
     return docs
 
 
-def token_stream(path: str | os.PathLike, tokenizer: object,
+def token_stream(path: str | os.PathLike, tokenizer: Any,  # an HF tokenizer (duck-typed)
                  max_tokens: int | None = None) -> torch.Tensor:
     """All documents as one LongTensor ``[n_tokens]`` (EOS between documents).
 
     Tokenizes documents in order and stops once ``max_tokens`` tokens are collected.
     """
-    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    eos = tokenizer.eos_token_id
     ids: list[int] = []
     docs = read_documents(path)
     for start in range(0, len(docs), 256):
-        batch = tokenizer(docs[start:start + 256], add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+        batch = tokenizer(docs[start:start + 256], add_special_tokens=False)["input_ids"]
         for doc_ids in batch:
             ids.extend(doc_ids)
             if eos is not None:
@@ -116,7 +117,7 @@ def split_heldout(path: str | os.PathLike, tune_out: str | os.PathLike,
     Raises:
         CalibrationDataError: the text is missing or empty, or one split would be empty.
     """
-    from flexigpt.artifacts import atomic_write_text
+    from flexigpt.fileio import atomic_write_text
 
     if not 0.0 < tune_fraction < 1.0:
         raise ValueError(f"tune_fraction must be in (0, 1), got {tune_fraction!r}")

@@ -8,7 +8,7 @@ the traceback); an I/O failure while writing ``--out`` (a full disk, also as saf
 ``SafetensorError``) is one line naming ``--out`` (:func:`flexigpt.preflight.write_failure`;
 the atomic save leaves a previous output intact). Before any heavy work, commands that write
 an output directory refuse an existing ``--out`` that is not a previous output of theirs,
-unless ``--force`` (:func:`flexigpt.artifacts.check_output`), every ``--out`` must be
+unless ``--force`` (:func:`flexigpt.fileio.check_output`), every ``--out`` must be
 writable (:func:`flexigpt.preflight.check_writable`), and input text paths must be files.
 """
 
@@ -65,7 +65,7 @@ def _output_flag(args: argparse.Namespace) -> str | None:
 def _preflight(args: argparse.Namespace) -> None:
     """Checks that need no heavy work: the output directory (not foreign, writable), the
     input text files, the training window length."""
-    from flexigpt.artifacts import check_output
+    from flexigpt.fileio import check_output
     from flexigpt.input_files import check_file
     from flexigpt.preflight import check_writable
 
@@ -81,7 +81,7 @@ def _preflight(args: argparse.Namespace) -> None:
         model_dir = Path(args.model).expanduser()
         if (model_dir / "config.json").is_file():
             from flexigpt.api import check_positions
-            from flexigpt.export.checkpoint import family_config
+            from flexigpt.models.loading import family_config
 
             check_positions(family_config(model_dir), args.seq_len, "--seq-len")
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     module = importlib.import_module(COMMANDS[args.command])
-    from flexigpt.artifacts import force_outputs
+    from flexigpt.fileio import force_outputs
 
     try:
         with force_outputs(bool(getattr(args, "force", False))):

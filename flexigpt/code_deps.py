@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def _with_parents(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _references(path: Path, root: Path) -> tuple[str, ...]:
     """Dotted harness modules that the file at ``path`` imports or names."""
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -51,7 +51,7 @@ def _references(path: Path, root: Path) -> tuple[str, ...]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = _absolute(node, package)
+            base = absolute_import_base(node, package)
             if base:
                 names = [base] + [f"{base}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -72,7 +72,9 @@ def _package_of(path: Path, root: Path) -> str | None:
     return ".".join(rel.parts[:-1])  # a module's package, and a package's own name
 
 
-def _absolute(node: ast.ImportFrom, package: str | None) -> str | None:
+def absolute_import_base(node: ast.ImportFrom, package: str | None) -> str | None:
+    """The absolute module a ``from ... import`` statement in ``package`` reads from (None
+    for a relative import outside any package)."""
     if node.level == 0:
         return node.module
     if package is None:

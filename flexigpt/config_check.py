@@ -13,26 +13,25 @@ DAG cannot name (:func:`check_ratios`); and refuses a local-looking ``model.path
 not exist and no resource rule builds. Every problem is reported in one :class:`ConfigError`
 naming the run, the config key path and the problem.
 
-At DAG build the Snakefile also refuses an empty config file (:func:`check_config_files`) and
-verifies the resource directories that already exist against their build records
-(:func:`check_resources`), so a tampered file stops the run before any job starts.
+The checks sit below the run grid (:mod:`flexigpt.dag`), which calls :func:`check_grid` once
+it is built: they read a grid and its runs through :class:`GridView` and :class:`RunView`.
+At DAG build the Snakefile also refuses an empty config file (:func:`check_config_files`);
+the resource directories that already exist are verified against their build records by
+:func:`flexigpt.resource_check.check_resources`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
 import re
-from collections.abc import Iterable
-from functools import lru_cache
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from flexigpt.dag import Run, RunGrid
+from flexigpt.model_skeletons import checkpoint_skeleton, resource_skeleton
 
 #: LoRA-rank options clamped to min(out, in) per matrix: useful only below the hidden size.
 LORA_RANK_OPTIONS = {"flexigpt_extend": ("rank",), "shortgpt_lora": ("lora_rank",),
@@ -42,12 +41,58 @@ MAX_LISTED = 10
 #: DAG's ``setting`` wildcard accepts
 RATIO_SETTING = "r{:g}"
 SETTING_PATTERN = re.compile(r"r0\.[0-9]+")
-#: where :func:`check_resources` records the files it verified (relative to the workdir)
-VERIFIED_RECORD = Path(".snakemake") / "flexigpt-verified-resources.json"
+#: offline resource builders → the checkpoint folder they produce (``model.resource``)
+RESOURCE_MODELS = {"smollm2": "resources/models/smollm2-135m",
+                   "tiny-llama": "resources/models/tiny-llama",
+                   "tiny-opt": "resources/models/tiny-opt"}
 
 
 class ConfigError(ValueError):
     """A config that would fail once its jobs run; the message lists every problem."""
+
+
+class RunView(Protocol):
+    """What the checks read of one run (:class:`flexigpt.dag.Run` is one): the checks sit
+    below the run grid, which calls them once it is built."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def variant(self) -> str: ...
+    @property
+    def table(self) -> str: ...
+    @property
+    def recovery(self) -> bool: ...
+    @property
+    def training(self) -> dict[str, Any]: ...
+    @property
+    def match(self) -> tuple[str, str, str, str] | None: ...
+    @property
+    def ratio(self) -> float | None: ...
+    @property
+    def name(self) -> str: ...
+    def compress_params(self) -> dict[str, Any]: ...
+    def recovery_recipe(self) -> str: ...
+
+
+class GridView(Protocol):
+    """What the checks read of a run grid (:class:`flexigpt.dag.RunGrid` is one)."""
+
+    @property
+    def runs(self) -> Mapping[tuple[str, str, str, str], RunView]: ...
+    @property
+    def model_paths(self) -> dict[str, str]: ...
+    @property
+    def model_resources(self) -> dict[str, str | None]: ...
+    @property
+    def benchmarks(self) -> str | None: ...
+    @property
+    def tuning(self) -> dict[str, Any]: ...
+    def trials(self, run: Any) -> list[dict[str, Any]]: ...
+    def trial_ids(self, run: Any) -> list[str]: ...
+    def train_params(self, run: Any, trial: str | None = None) -> dict[str, Any]: ...
 
 
 def unknown_key(key: str, known: list[str], what: str) -> str:
@@ -57,7 +102,7 @@ def unknown_key(key: str, known: list[str], what: str) -> str:
     return f"unknown {what} {key!r}; {hint}"
 
 
-def _sources(config: dict[str, Any], run: Run, part: str) -> list[tuple[str, dict]]:
+def _sources(config: dict[str, Any], run: RunView, part: str) -> list[tuple[str, dict]]:
     """Where ``run``'s ``part`` (``options`` or ``training``) keys may be written, most
     specific first; the last entry is the fallback."""
     if run.table == "extension":
@@ -97,78 +142,16 @@ def _named_key(message: str, keys: list[str]) -> str | None:
     return match.group(1) if match and match.group(1) in keys else None
 
 
-@lru_cache(maxsize=8)
-def _skeleton(path: str) -> Any:
-    """An empty (meta-device) model of the local checkpoint ``path``, or None when it has no
-    readable config.json or no adapter (the job's own checks then apply)."""
-    if not (Path(path) / "config.json").is_file():
-        return None
-    try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        from flexigpt.models.adapters import get_adapter
-
-        hf_config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-        get_adapter(hf_config)
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(hf_config)
-    except Exception:  # noqa: BLE001 (an unreadable checkpoint fails in its own job)
-        return None
-
-
-class _Vocabulary:
-    """The token facts :func:`flexigpt.resources.tiny_models.make_model` reads of a tokenizer
-    (the tiny models' special ids and vocabulary size), without training one."""
-
-    bos_token_id, eos_token_id, pad_token_id = 0, 1, 2
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-
-@lru_cache(maxsize=4)
-def resource_skeleton(resource: str | None) -> Any:
-    """An empty (meta-device) model of the shape resource builder ``resource`` writes
-    (``flexigpt.dag.RESOURCE_MODELS``), for checks before the resource is built; None for
-    an unknown name. Tiny models: ``make_model`` with the default ``TinyModelConfig``;
-    ``smollm2``: the architecture its converter checks (``smollm2.EXPECTED``, tied
-    embeddings). Parameter counts match the built models' up to the trained vocabulary."""
-    if resource is None:
-        return None
-    import torch
-
-    if resource == "smollm2":
-        from transformers import AutoModelForCausalLM, LlamaConfig
-
-        from flexigpt.resources.smollm2 import EXPECTED
-
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(
-                LlamaConfig(**EXPECTED, tie_word_embeddings=True))
-    from flexigpt.resources.tiny_models import FAMILIES, TinyModelConfig, make_model
-
-    family = {name: fam for fam, name in FAMILIES.items()}.get(resource)
-    if family is None:
-        return None
-    cfg = TinyModelConfig()
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # make_model seeds torch
-        return make_model(cfg, _Vocabulary(cfg.vocab_size), seed=0, family=family)
-
-
-def model_skeleton(grid: RunGrid, key: str) -> Any:
+def model_skeleton(grid: GridView, key: str) -> Any:
     """The skeleton of model ``key``: its local checkpoint's, else its resource builder's
     (not built yet), else None (a hub model: its jobs check it)."""
     path = grid.model_paths.get(key)
     if path and Path(path).exists():
-        return _skeleton(path)
+        return checkpoint_skeleton(path)
     return resource_skeleton(grid.model_resources.get(key))
 
 
-def ratio_key(config: dict[str, Any], run: Run) -> str:
+def ratio_key(config: dict[str, Any], run: RunView) -> str:
     """The config key a run's ratio comes from."""
     if run.table == "ablation":
         return "ablations.ratio"
@@ -178,7 +161,7 @@ def ratio_key(config: dict[str, Any], run: Run) -> str:
     return "ratios"
 
 
-def check_reach(run: Run, cfg: Any, model: Any) -> str | None:
+def check_reach(run: RunView, cfg: Any, model: Any) -> str | None:
     """The problem when ``run``'s ratio is out of reach of its block-count policy on
     ``model`` (:func:`flexigpt.block_count.method_plan`: more than half a block step beyond
     what any block count achieves, or the policy's own refusal); None when it is reachable,
@@ -195,7 +178,7 @@ def check_reach(run: Run, cfg: Any, model: Any) -> str | None:
     return None
 
 
-def check_sizes(run: Run, cfg: Any, model: Any) -> tuple[str, str] | None:
+def check_sizes(run: RunView, cfg: Any, model: Any) -> tuple[str, str] | None:
     """``(option, problem)`` when a size option of ``cfg`` is useless on ``model``."""
     from flexigpt.methods.surgery import check_distance_rank, check_flexigpt_rank
 
@@ -222,7 +205,8 @@ def check_sizes(run: Run, cfg: Any, model: Any) -> tuple[str, str] | None:
     return None
 
 
-def check_run_options(config: dict[str, Any], grid: RunGrid, run: Run) -> list[tuple[str, str]]:
+def check_run_options(config: dict[str, Any], grid: GridView,
+                      run: RunView) -> list[tuple[str, str]]:
     """``[(key path, problem)]`` of ``run``'s compression options."""
     from flexigpt.registry import get_method
 
@@ -257,7 +241,8 @@ def check_run_options(config: dict[str, Any], grid: RunGrid, run: Run) -> list[t
     return []
 
 
-def check_run_training(config: dict[str, Any], grid: RunGrid, run: Run) -> list[tuple[str, str]]:
+def check_run_training(config: dict[str, Any], grid: GridView,
+                       run: RunView) -> list[tuple[str, str]]:
     """``[(key path, problem)]`` of the TrainConfig of each tuning trial of ``run``."""
     from flexigpt.training import TrainConfig
 
@@ -266,19 +251,8 @@ def check_run_training(config: dict[str, Any], grid: RunGrid, run: Run) -> list[
     problems: list[tuple[str, str]] = []
     for trial in grid.trial_ids(run):
         params = grid.train_params(run, trial)
-
-        def where(key: str | None) -> str:
-            if key in ("lr", "gamma_lr") and key in grid.trials(run)[int(trial[1:])]:
-                return f"tuning.grid.{run.recovery_recipe()}"
-            if key == "eval_windows" and grid.tuning.get("windows"):
-                return "tuning.windows"
-            if key in ("tokens", "recipe") and run.table == "extension":
-                return "extension"
-            if key in run.training:
-                return _where(sources, key)
-            return "training"
-
-        unknown = [(where(k), unknown_key(k, known, "training option"))
+        unknown = [(_training_where(grid, run, trial, sources, k),
+                    unknown_key(k, known, "training option"))
                    for k in params if k not in known]
         if unknown:
             problems += unknown
@@ -286,14 +260,30 @@ def check_run_training(config: dict[str, Any], grid: RunGrid, run: Run) -> list[
         try:
             TrainConfig(**params)
         except (ValueError, TypeError) as err:
-            problems.append((where(_named_key(str(err), list(params))), str(err)))
+            key = _named_key(str(err), list(params))
+            problems.append((_training_where(grid, run, trial, sources, key), str(err)))
     return problems
 
 
-def check_model_paths(grid: RunGrid) -> list[tuple[str, str]]:
+def _training_where(grid: GridView, run: RunView, trial: str,
+                    sources: list[tuple[str, dict]], key: str | None) -> str:
+    """The config key path training option ``key`` of ``run``'s ``trial`` comes from: its
+    tuning grid, ``tuning.windows``, the extension section, the method/variant block that
+    writes it (:func:`_sources`), else ``training``."""
+    if key in ("lr", "gamma_lr") and key in grid.trials(run)[int(trial[1:])]:
+        return f"tuning.grid.{run.recovery_recipe()}"
+    if key == "eval_windows" and grid.tuning.get("windows"):
+        return "tuning.windows"
+    if key in ("tokens", "recipe") and run.table == "extension":
+        return "extension"
+    if key in run.training:
+        return _where(sources, key)
+    return "training"
+
+
+def check_model_paths(grid: GridView) -> list[tuple[str, str]]:
     """A local-looking model path that does not exist and no resource rule builds."""
     from flexigpt.models.loading import looks_local
-    from flexigpt.dag import RESOURCE_MODELS
 
     out = []
     for key, path in grid.model_paths.items():
@@ -306,6 +296,21 @@ def check_model_paths(grid: RunGrid) -> list[tuple[str, str]]:
                         f"model.resource; {builders}), fetch it (`flexigpt fetch "
                         f"smollm2|tiny-llama|tiny-opt`), or give a hub id (org/name)"))
     return out
+
+
+def check_model_resource(model: dict[str, Any]) -> None:
+    """A resource model (``model.resource``) must live where its builder writes it.
+
+    Raises:
+        ValueError: ``model.path must be '<dir>' for resource '<name>', got '<path>'``.
+    """
+    resource = model.get("resource")
+    if resource is None:
+        return
+    expected = RESOURCE_MODELS[resource]
+    if Path(model["path"]) != Path(expected):
+        raise ValueError(f"model.path must be {expected!r} for resource {resource!r}, "
+                         f"got {model['path']!r}")
 
 
 def check_ratios(config: dict[str, Any]) -> list[tuple[str, str]]:
@@ -376,126 +381,7 @@ def check_config_files(paths: Iterable[str | os.PathLike]) -> None:
                               "--configfile to run the default")
 
 
-def resource_dirs(config: dict[str, Any], grid: RunGrid) -> dict[str, tuple[str, bool]]:
-    """``{directory: (config key, whole)}`` of the existing local directories the grid reads:
-    model checkpoints and the benchmark folder (``whole``: the directory holds only what
-    its build wrote) and the folders of the text files (which also hold the held-out
-    split's outputs, so only the files the build recorded are checked)."""
-    keys = list(grid.model_paths)
-    out: dict[str, tuple[str, bool]] = {}
-    for key, path in grid.model_paths.items():
-        where = "model.path" if key == keys[0] else "extension.model_path"
-        out.setdefault(str(path), (where, True))
-    if grid.benchmarks:
-        out.setdefault(str(grid.benchmarks), ("data.benchmarks", True))
-    data = config.get("data") or {}
-    for name in ("calibration_text", "train_text", "validation_text"):
-        if data.get(name):
-            out.setdefault(str(Path(data[name]).parent), (f"data.{name}", False))
-    return {d: v for d, v in out.items() if Path(d).is_dir()}
-
-
-def _listing(directory: Path) -> list[str]:
-    """Every file and symlink under ``directory``, relative, sorted."""
-    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
-                  if p.is_file() or p.is_symlink())
-
-
-def _file_states(directory: Path, names: Iterable[str]) -> dict[str, list[int]]:
-    """``{name: [device, inode, size, mtime_ns, ctime_ns]}``: a file rewritten in place,
-    replaced or touched changes one of them (ctime cannot be set back)."""
-    out = {}
-    for name in sorted(names):
-        try:
-            st = (directory / name).lstat()
-        except OSError:
-            continue
-        out[name] = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-    return out
-
-
-def _unchanged(directory: Path, whole: bool, state: Any) -> bool:
-    """Whether ``directory``'s files are in the recorded ``state`` (with ``whole``: and no
-    file was added)."""
-    if not isinstance(state, dict) or not state:
-        return False
-    if whole and sorted(state) != _listing(directory):
-        return False
-    return _file_states(directory, state) == state
-
-
-def verify_resource(directory: str | os.PathLike, whole: bool) -> dict[str, list[int]] | None:
-    """Verify a harness-written ``directory`` against its ``.flexigpt-output.json``
-    (``flexigpt.artifacts``: every recorded sha256; with ``whole`` also no unrecorded
-    file). Returns the states of the files verified (None: no marker, nothing to check).
-
-    Raises:
-        CheckpointError: naming the directory and the changed, missing or added file(s).
-    """
-    from flexigpt.artifacts import MARKER, CheckpointError, verify_files, verify_marker
-
-    root = Path(directory)
-    try:
-        marker = json.loads((root / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    recorded = marker.get("files") if isinstance(marker, dict) else None
-    if not isinstance(recorded, dict):
-        return None
-    if whole:
-        verify_marker(root)
-        return _file_states(root, _listing(root))
-    if not all(isinstance(v, str) for v in recorded.values()):
-        raise CheckpointError(f"{str(root / MARKER)!r} is not a valid marker (its 'files' "
-                              "values must be strings)")
-    verify_files(root, recorded, MARKER)
-    return _file_states(root, [*recorded, MARKER])
-
-
-def check_resources(config: dict[str, Any], grid: RunGrid,
-                    record: str | os.PathLike | None = VERIFIED_RECORD) -> None:
-    """Verify every existing resource directory of the grid (:func:`resource_dirs`) against
-    its build record before any job reads it. Hashing is skipped for a directory whose
-    files are in the state ``record`` noted when they last verified (same device, inode,
-    size, mtime and ctime: any write or replacement changes one), so a repeated DAG build
-    costs a ``stat`` per file; ``record`` None always hashes.
-
-    Raises:
-        ConfigError: ``<config key>: changed after its build: '<directory>': <what>``
-            (one line per directory, naming the file(s)), before any job starts.
-    """
-    from flexigpt.artifacts import CheckpointError, atomic_write_text
-
-    known: dict[str, Any] = {}
-    if record is not None:
-        try:
-            known = json.loads(Path(record).read_text())
-        except (OSError, ValueError):
-            known = {}
-    known = known if isinstance(known, dict) else {}
-    verified, problems = {}, []
-    for directory, (where, whole) in resource_dirs(config, grid).items():
-        key = str(Path(directory).resolve())
-        if _unchanged(Path(directory), whole, known.get(key)):
-            verified[key] = known[key]
-            continue
-        try:
-            states = verify_resource(directory, whole)
-        except CheckpointError as err:
-            problems.append(((where, f"changed after its build: {' '.join(str(err).split())}"
-                              "; rebuild it (remove the directory and rerun) or restore it"),
-                             ""))
-            continue
-        if states is not None:
-            verified[key] = states
-    raise_problems(problems)
-    merged = {**known, **verified}  # other configs' directories stay recorded
-    if record is not None and merged != known:
-        Path(record).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(record, json.dumps(merged, indent=1, sort_keys=True) + "\n")
-
-
-def check_grid(config: dict[str, Any], grid: RunGrid) -> None:
+def check_grid(config: dict[str, Any], grid: GridView) -> None:
     """Validate every run of ``grid`` (built from ``config``) as its jobs would.
 
     Raises:

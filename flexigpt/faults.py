@@ -7,8 +7,8 @@ would); ``FLEXIGPT_KILL_MARK=<file>`` is written first, so a test knows the kill
 Unset (always, outside tests), a point costs one environment lookup.
 
 Points (``tests/test_fault_injection.py`` kills at each): ``save:staged`` / ``save:swap``
-(:func:`flexigpt.artifacts.atomic_directory` before / between its renames),
-``write:staged`` (:func:`~flexigpt.artifacts.atomic_write_text`), ``ckpt:staged`` /
+(:func:`flexigpt.fileio.atomic_directory` before / between its renames),
+``write:staged`` (:func:`~flexigpt.fileio.atomic_write_text`), ``ckpt:staged`` /
 ``ckpt:swap`` (training checkpoints), ``train:step`` (after each optimizer step),
 ``sweep:rung`` / ``sweep:publish`` (:func:`flexigpt.training.tuning.run_sweep`),
 ``compress:done`` (model compressed, not saved), ``eval:ppl`` / ``eval:task``.

@@ -3,7 +3,7 @@
 Every text the harness reads (calibration, training, perplexity) goes through
 :func:`read_text`, every local benchmark file through :func:`check_jsonl`; both check the
 file against the sha256 recorded when it was built (:func:`verify_recorded`): resource
-builders write through :func:`flexigpt.artifacts.atomic_directory`, whose
+builders write through :func:`flexigpt.fileio.atomic_directory`, whose
 ``.flexigpt-output.json`` marker lists the sha256 of every file, so an edited or truncated
 calibration text or benchmark file is refused instead of silently changing results. Files
 outside any marked directory (a user's own text) have nothing recorded and are read as is.
@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from flexigpt.artifacts import MARKER, CheckpointError, verify_files
+from flexigpt.fileio import MARKER, CheckpointError, verify_files
 
 
 class InputFileError(ValueError):

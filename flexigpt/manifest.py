@@ -10,7 +10,7 @@ trained, by the trainer), extended by the trainer (:meth:`Manifest.with_history`
 Contract: ``to_dict()`` is exactly the JSON written to disk, and
 ``Manifest.from_dict(d).to_dict() == d`` for every manifest the current code writes.
 ``from_dict`` accepts :data:`FORMAT_VERSION` and earlier ones (applying :data:`MIGRATIONS`),
-and raises :class:`flexigpt.artifacts.CheckpointError` naming the source and the key for a
+and raises :class:`flexigpt.fileio.CheckpointError` naming the source and the key for a
 newer or unknown version, a missing required key or a value of the wrong type.
 
 Version history: version 1 (the only one) was written from the first release on; keys that
@@ -32,13 +32,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
-from flexigpt.artifacts import FORMAT_VERSION, CheckpointError, escapes
+from flexigpt.fileio import CheckpointError, escapes
 
 JSON = dict[str, Any]
+
+#: the ``format_version`` :func:`flexigpt.artifacts.save_compressed` writes
+FORMAT_VERSION = 1
+#: manifest keys (at any depth outside ``structure``) that differ between identical runs;
+#: :func:`manifest_hash` leaves them out
+VOLATILE_KEYS = frozenset({"created", "compress_seconds", "timings", "train_seconds",
+                           "wall_seconds", "tokens_per_second", "build_seconds", "built_at"})
 
 #: top-level keys of every manifest :meth:`Manifest.new` builds, besides the provenance keys
 #: (:data:`PROVENANCE_KEYS`) and the method extras (e.g. ``compress_seconds``)
@@ -231,12 +241,13 @@ class Manifest:
         if clash:
             raise ValueError(f"manifest extras {clash} would replace required keys")
         ratio = compression_ratio(compressed_params, dense_params)
+        prov: Any = provenance()  # versions, code_version, git_commit (typed as dict of object)
         return cls(method=method, config=config, base_model=base_model, structure=structure,
                    info=info, parameters=Parameters(dense_params, compressed_params, ratio),
                    calibration=None if calibration is None else Calibration(**calibration),
                    seed=seed, dtype=dtype,
-                   created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   history=[], extras=dict(extra), **provenance())
+                   created=datetime.now(UTC).isoformat(timespec="seconds"),
+                   history=[], extras=dict(extra), **prov)
 
     def with_history(self, entry: JSON) -> Manifest:
         """This manifest with one more ``history`` entry (a training run)."""
@@ -323,3 +334,25 @@ _TOP_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "method": _STR, "structure": _OBJ, "config": _OBJ, "base_model": _OPT_STR, "info": _OBJ,
     "seed": _INT, "dtype": _STR, "created": _STR, "history": ((list,), "a list"),
     "versions": _OBJ, "code_version": _STR, "git_commit": _OPT_STR, "files": _OBJ}
+
+
+def _stable(value: Any, inside_structure: bool = False) -> Any:
+    """``value`` without the :data:`VOLATILE_KEYS` entries (kept inside ``structure``)."""
+    if isinstance(value, dict):
+        return {k: _stable(v, inside_structure or k == "structure") for k, v in value.items()
+                if inside_structure or k not in VOLATILE_KEYS}
+    if isinstance(value, list):
+        return [_stable(v, inside_structure) for v in value]
+    return value
+
+
+def manifest_hash(manifest: Manifest) -> str:
+    """sha256 of the canonical JSON (``to_dict()``) of a manifest (identifies an evaluated model).
+
+    The manifest holds the structure (base map, ranks, ...), the weights' sha256 (which
+    covers their sharing metadata) and the sha256 of every other file the rebuild reads, so
+    the hash covers the whole checkpoint. Fields in :data:`VOLATILE_KEYS` (``created``
+    timestamps, timings) are left out: identical runs give identical hashes.
+    """
+    stable = _stable(manifest.to_dict())
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()

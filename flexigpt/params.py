@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torch import nn
+from torch import SymInt, nn
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -11,7 +11,7 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     Weight-shared linears (FlexiGPT replacement blocks) and tied embeddings point at the
     same storage and are counted once. Includes embeddings, LM head, norms and adapters.
     """
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, int | SymInt]] = set()
     total = 0
     for p in model.parameters(recurse=True):
         if trainable_only and not p.requires_grad:

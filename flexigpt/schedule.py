@@ -87,7 +87,9 @@ class Priorities:
             path = todo.pop()
             if path in out:
                 continue
-            rule, wildcards = self.producer(path)  # type: ignore[misc]
+            job = self.producer(path)
+            assert job is not None  # todo holds only paths some rule writes
+            rule, wildcards = job
             needed = [p for p in _paths(self.rules[rule][2](SimpleNamespace(**wildcards)))
                       if self.producer(p) is not None]
             out[path] = needed
@@ -105,7 +107,9 @@ class Priorities:
 
         def longest(path: str) -> float:
             if path not in memo:
-                rule, wildcards = self.producer(path)  # type: ignore[misc]
+                job = self.producer(path)
+                assert job is not None  # the graph holds only paths some rule writes
+                rule, wildcards = job
                 own = self.cost.get(self._kind(rule, wildcards), 0.0)
                 memo[path] = own + max((longest(d) for d in dependents[path]), default=0.0)
             return memo[path]

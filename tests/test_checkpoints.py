@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from conftest import WORDS, make_model, manifest_for
-from flexigpt.artifacts import load_compressed, save_compressed
+from flexigpt.artifacts import load_compressed
 from flexigpt.cli import main as cli_main
 from flexigpt.export.card import write_model_card
-from flexigpt.export.checkpoint import KEY, MODEL_TYPE, MODELING_FILE
+from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.methods.sharing import SharedLoRALinear
+from flexigpt.models.checkpoint_format import KEY, MODEL_TYPE, MODELING_FILE
 from flexigpt.params import count_parameters
 from flexigpt.registry import get_method
 
@@ -279,7 +280,7 @@ def test_stock_lm_eval_cli_on_local_tasks_matches_harness(saved, tmp_path, monke
 
     from flexigpt.evaluation.tasks import build_task, local_config, task_manager
     from flexigpt.evaluation.zeroshot import SEEDS, make_lm
-    from flexigpt.export.lm_eval_tasks import write_task_yamls
+    from flexigpt.evaluation.lm_eval_tasks import write_task_yamls
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -15,7 +15,6 @@ from flexigpt.config_check import ConfigError
 from flexigpt.dag import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "resources/models/tiny-llama"
 SMOKE = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
 
 
@@ -62,8 +61,7 @@ def test_bad_option_names_run_key_and_problem(mutate, run, where, problem):
     assert run in line and f": {where}: " in line, message
 
 
-@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="tiny-llama not built")
-def test_rank_that_cannot_compress_uses_the_compress_bound():
+def test_rank_that_cannot_compress_uses_the_compress_bound(resources_workdir):
     from flexigpt.methods.prune import FlexiGPTConfig
     from flexigpt.methods.surgery import check_flexigpt_rank
     from flexigpt.models.loading import load_model
@@ -73,15 +71,15 @@ def test_rank_that_cannot_compress_uses_the_compress_bound():
     assert "run tiny-llama/flexigpt/lora_all/r0.3: methods.flexigpt.variants.lora_all" \
            ".options: rank 5000 is too large to compress" in message
     best = int(re.search(r"largest useful rank for this model is (\d+)", message).group(1))
-    model, _ = load_model(str(TINY))  # what `flexigpt compress` checks on the real weights
+    tiny = resources_workdir / "resources/models/tiny-llama"  # the smoke config's model
+    model, _ = load_model(str(tiny))  # what `flexigpt compress` checks on the real weights
     check_flexigpt_rank(model, FlexiGPTConfig(rank=best))
     with pytest.raises(ValueError, match=f"largest useful rank for this model is {best}"):
         check_flexigpt_rank(model, FlexiGPTConfig(rank=best + 1))
     assert best < model.config.hidden_size
 
 
-@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="tiny-llama not built")
-def test_lora_rank_at_hidden_size_rejected():
+def test_lora_rank_at_hidden_size_rejected(resources_workdir):
     message = grid_error(lambda c: c["methods"]["slicegpt"]["options"].update(lora_rank=128))
     assert ("run tiny-llama/slicegpt/default/r0.3: methods.slicegpt.options: lora_rank 128 is "
             "not below the model's hidden size 128") in message
@@ -152,8 +150,7 @@ def test_sections_reusing_table1_runs_need_its_ratios(mutate, where):
         RunGrid.from_config(cfg)
 
 
-@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="tiny-llama not built")
-def test_distance_rank_beyond_every_matrix_rank_rejected():
+def test_distance_rank_beyond_every_matrix_rank_rejected(resources_workdir):
     message = grid_error(lambda c: c["ablations"]["variants"]["no_lowrank"].update(
         distance_rank=4096))
     line = next(ln for ln in message.splitlines() if "distance_rank 4096" in ln)

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from conftest import make_model, manifest_for
-from flexigpt.artifacts import CheckpointError, load_compressed, save_compressed
+from flexigpt.artifacts import load_compressed
+from flexigpt.export.publish import publish_compressed as save_compressed
+from flexigpt.fileio import CheckpointError
 from flexigpt.block_influence import block_influence, lowest_blocks
 from flexigpt.calibration import CalibrationDataError, token_windows
 from flexigpt.models import ModelLoadError, UnsupportedArchitectureError, get_adapter, load_model
@@ -74,7 +76,7 @@ def test_registry_owns_the_method_facts():
     """The DAG, the tables and the decoders read their method facts from registry.METHODS."""
     from flexigpt.dag import BI_METHODS, Run
     from flexigpt.generation import SPECULATIVE_METHODS
-    from flexigpt.tables.build import METHOD_LABELS, METHOD_ORDER
+    from flexigpt.tables.labels import METHOD_LABELS, METHOD_ORDER
 
     assert METHOD_ORDER == list(METHODS) and set(METHOD_LABELS.values()) == {
         f.label for f in METHODS.values()}

@@ -88,7 +88,7 @@ def test_grid_puts_the_device_in_every_job():
 
 def test_every_workflow_step_runs_on_the_configured_device(
         tiny_checkpoint, text_file, tmp_path, monkeypatch, requested):
-    from flexigpt.dag import PROMPT_TEXT
+    from flexigpt.workflow_support import PROMPT_TEXT
 
     cal = {"n_calibration": 4, "seq_len": 32, "seed": 0, "dtype": "float32",
            "device": SENTINEL}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flexigpt.artifacts import MARKER, atomic_directory
+from flexigpt.fileio import MARKER, atomic_directory
 from flexigpt.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,7 +196,7 @@ def test_crafted_trainable_pt_is_refused(tiny_checkpoint, text_file, tmp_path, c
 
 
 def test_checkpoint_file_of_another_type_is_refused(tmp_path):
-    from flexigpt.artifacts import CheckpointError
+    from flexigpt.fileio import CheckpointError
     from flexigpt.training.checkpoint import _load_part
 
     path = tmp_path / "trainable.pt"

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
 
 import pytest
-
-from conftest import WORDS, make_model
+from conftest import SPLITS, make_model, write_fake_benchmarks
 
 pytest.importorskip("lm_eval")
 from flexigpt.evaluation import tasks as T  # noqa: E402
@@ -23,54 +21,9 @@ def offline_single_thread(monkeypatch, single_thread):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
-def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def fake_docs(task: str, n: int, seed: int) -> list[dict]:
-    """``n`` docs of ``task`` in the schema of lm-eval's hub dataset."""
-    rng = random.Random(seed)
-    docs = []
-    for i in range(n):
-        if task.startswith("arc") or task == "openbookqa":
-            labels = ["A", "B", "C", "D"] if i % 2 else ["1", "2", "3", "4"]
-            doc = {"id": f"q{i}", "choices": {"text": [_words(rng, rng.randint(1, 4))
-                                                       for _ in labels], "label": labels},
-                   "answerKey": labels[i % 4]}
-            doc["question_stem" if task == "openbookqa" else "question"] = _words(rng, 8) + "?"
-        elif task == "piqa":
-            doc = {"goal": _words(rng, 6), "sol1": _words(rng, 7), "sol2": _words(rng, 7),
-                   "label": i % 2}
-        elif task == "winogrande":
-            doc = {"sentence": f"{_words(rng, 5)} _ {_words(rng, 4)}.", "option1": "king",
-                   "option2": "river", "answer": "12"[i % 2]}
-        elif task == "hellaswag":
-            doc = {"ind": i, "activity_label": "Music", "ctx_a": _words(rng, 6) + ".",
-                   "ctx_b": "the", "ctx": "", "source_id": "x", "split": "val",
-                   "split_type": "indomain", "label": str(i % 4),
-                   "endings": [_words(rng, 4) + (" [title] more" if j == 0 else "")
-                               for j in range(4)]}
-        elif task == "boolq":
-            doc = {"question": _words(rng, 5), "passage": _words(rng, 20), "idx": i,
-                   "label": i % 2}
-        docs.append(doc)
-    return docs
-
-
-SPLITS = {"arc_easy": ("validation", "test"), "arc_challenge": ("validation", "test"),
-          "openbookqa": ("validation", "test"), "piqa": ("validation",),
-          "winogrande": ("validation",), "hellaswag": ("validation",), "boolq": ("validation",)}
-
-
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("benchmarks")
-    for k, (task, splits) in enumerate(SPLITS.items()):
-        (root / task).mkdir()
-        for j, split in enumerate(splits):
-            lines = [json.dumps(d) for d in fake_docs(task, 5, seed=10 * k + j)]
-            (root / task / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    return root
+    return write_fake_benchmarks(tmp_path_factory.mktemp("benchmarks"), 5)
 
 
 def test_local_tasks_render_exactly_like_builtin(bench_dir, monkeypatch):

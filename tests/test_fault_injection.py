@@ -6,7 +6,7 @@ the n-th arrival at a point SIGKILL the process, or the DAG's whole process grou
 case runs the real CLI (or ``flexigpt run``) in a subprocess, checks it died by SIGKILL at
 that point, reruns the same command without the fault and compares every file under the
 work directory with the uninterrupted run's. JSON files are compared without the keys that
-differ between any two identical runs (:data:`flexigpt.artifacts.VOLATILE_KEYS`: timestamps
+differ between any two identical runs (:data:`flexigpt.manifest.VOLATILE_KEYS`: timestamps
 and timings), a task's or perplexity's ``seconds`` and ``resumed_from_step`` (which says
 that the run was resumed); model cards
 without their ``- created`` line. Everything else — weights, tokenizer, logs, curves,
@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import without_keys
-from flexigpt.artifacts import MARKER, VOLATILE_KEYS
-from test_evaluation import SPLITS, fake_docs
+from conftest import link_resources, without_keys, write_fake_benchmarks
+from flexigpt.fileio import MARKER
+from flexigpt.manifest import VOLATILE_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 #: keys a resumed run may legitimately record differently from an uninterrupted one
@@ -105,11 +105,7 @@ def _inputs(base: Path, tiny_checkpoint: Path, text_file: Path) -> dict[str, Pat
     """Inputs shared by every case, outside the work directories that are compared."""
     bench = base / "benchmarks"
     if not bench.exists():
-        for k, (task, splits) in enumerate(SPLITS.items()):
-            (bench / task).mkdir(parents=True)
-            for j, split in enumerate(splits):
-                lines = [json.dumps(d) for d in fake_docs(task, 5, seed=10 * k + j)]
-                (bench / task / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+        write_fake_benchmarks(bench, n_docs=5)
     return {"model": tiny_checkpoint, "text": text_file, "bench": bench}
 
 
@@ -229,11 +225,12 @@ def _dag(work: Path, kill: str | None = None) -> subprocess.CompletedProcess:
     return out
 
 
-def _dag_dir(base: Path, name: str) -> Path:
+def _dag_dir(base: Path, name: str, resources: Path) -> Path:
+    """A working directory for the mini DAG: its ``resources`` links to ``resources`` (the
+    session's tiny resources, never the checkout's)."""
     work = base / name
     work.mkdir(parents=True)
-    (ROOT / "resources").mkdir(exist_ok=True)
-    (work / "resources").symlink_to(ROOT / "resources")
+    link_resources(work, resources)
     (work / "mini.yaml").write_text(yaml.safe_dump(MINI))
     return work
 
@@ -242,13 +239,17 @@ def _dag_outputs(work: Path) -> dict[str, object]:
     return snapshot(work / "results", skip=tuple(p.removeprefix("results/") for p in TIMED))
 
 
-@pytest.mark.parametrize("kill", ["sweep:rung:1", "eval:task:2"])
-def test_dag_killed_then_flexigpt_run_equals_uninterrupted(kill, tmp_path_factory):
+@pytest.mark.parametrize("kill", ["sweep:rung:1", "sweep:publish", "eval:task:2"])
+def test_dag_killed_then_flexigpt_run_equals_uninterrupted(kill, tmp_path_factory,
+                                                           tiny_resources):
+    """The mini DAG killed as a whole at ``kill`` (``sweep:rung:1``: a trial's first rung
+    scored; ``sweep:publish``: every trial scored and stored, the choice not yet published;
+    ``eval:task:2``), then ``flexigpt run`` again: the outputs equal an uninterrupted run's."""
     base = tmp_path_factory.getbasetemp() / "dag-faults"
     reference = base / "reference"
     if not reference.exists():
-        _dag(_dag_dir(base, "reference"))
-    work = _dag_dir(base, kill.replace(":", "_"))
+        _dag(_dag_dir(base, "reference", tiny_resources))
+    work = _dag_dir(base, kill.replace(":", "_"), tiny_resources)
     _dag(work, kill=kill)
     assert list((work / ".snakemake" / "locks").glob("*.lock")), "expected a stale lock"
     out = _dag(work)  # flexigpt run clears the stale lock and reruns what was cut

@@ -10,7 +10,8 @@ import torch
 
 from conftest import make_model, manifest_for
 from flexigpt.api import compress as api_compress
-from flexigpt.artifacts import load_compressed, save_compressed
+from flexigpt.artifacts import load_compressed
+from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.cli import main as cli_main
 from flexigpt.commands.extend import parse_span
 from flexigpt.methods.extend import ExtendConfig, compress, extension_layout

@@ -1,5 +1,5 @@
 """Generation: plain / batched / sampled decoding, the self-speculative FlexiGPT draft
-(weight sharing, token-for-token identity with greedy decoding), the lean merged path, the
+(weight sharing, token-for-token identity with greedy decoding), the merged-weights path, the
 CLI and the decode benchmark on tiny models."""
 
 from __future__ import annotations
@@ -11,13 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import make_model, manifest_for, perturb_adapters
-from flexigpt.artifacts import LoadedModel, save_compressed
+
+from flexigpt.artifacts import LoadedModel
+from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.cli import main as cli_main
-from flexigpt.generation import (Generator, build_draft, draft_extra_bytes, generate,
-                                 skipped_blocks, speculative_bound)
-from flexigpt.generation.lean import merge_replacement_linears
+from flexigpt.generation import (
+    Generator,
+    build_draft,
+    draft_extra_bytes,
+    expected_speedup,
+    generate,
+    skipped_blocks,
+)
+from flexigpt.generation.few_rows import few_row_route
+from flexigpt.generation.merged import merge_replacement_linears
 from flexigpt.methods.extend import ExtendConfig
 from flexigpt.methods.extend import compress as extend_compress
 from flexigpt.methods.prune import FlexiGPTConfig
@@ -194,7 +202,7 @@ def test_batch_of_two_left_padding(tiny_tokenizer):
     assert s["prefill_s"] > 0 and s["per_token_ms"] > 0
 
 
-# ---- lean merged path --------------------------------------------------------------------------
+# ---- merged-weights path -------------------------------------------------------------------------
 def test_merged_replacements_unchanged_outputs(tiny_tokenizer):
     model, manifest = flexi()
     gen = gen_for(model, manifest, tiny_tokenizer)
@@ -212,34 +220,55 @@ def test_merged_replacements_unchanged_outputs(tiny_tokenizer):
     assert spec.token_ids == after.token_ids
 
 
-def test_few_row_linears_equal_f_linear_and_restore_it():
+def test_few_row_linear_equals_f_linear():
     import torch.nn.functional as F
 
-    from flexigpt.generation.speculative import few_row_linears
+    from flexigpt.generation.few_rows import few_row_linear
 
-    original = F.linear
     w, b = torch.randn(7, 5), torch.randn(7)
     for shape in [(1, 3, 5), (2, 5), (1, 1, 5), (1, 12, 5), (5,)]:
         x = torch.randn(*shape)
-        with few_row_linears(max_rows=8, route=True):
-            assert F.linear is not original
-            got, got_nb = F.linear(x, w, b), F.linear(x, w)
-        assert got.shape == original(x, w, b).shape and got.is_contiguous()
-        assert torch.allclose(got, original(x, w, b), atol=1e-6)
-        assert torch.allclose(got_nb, original(x, w), atol=1e-6)
-    with pytest.raises(RuntimeError), few_row_linears(route=True):
+        got, got_nb = few_row_linear(x, w, b, max_rows=8), few_row_linear(x, w, max_rows=8)
+        assert got.shape == F.linear(x, w, b).shape and got.is_contiguous()
+        assert torch.allclose(got, F.linear(x, w, b), atol=1e-6)
+        assert torch.allclose(got_nb, F.linear(x, w), atol=1e-6)
+
+
+def test_routed_linears_change_only_that_model_and_restore_it():
+    import torch.nn.functional as F
+
+    from flexigpt.generation.few_rows import routed_linears
+
+    original = F.linear
+    model, _ = flexi()
+    other = make_model()
+    shared = [m for m in model.modules() if isinstance(m, SharedLoRALinear)]
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    x = CALIB[:1, :3]  # 3 rows: the few-row form
+    with torch.no_grad():
+        before = model(x).logits
+    with pytest.raises(RuntimeError), routed_linears([model], route=True):
+        assert F.linear is original  # nothing process-wide
+        assert all(m.linear_fn is not original for m in shared)
+        assert all("forward" in m.__dict__ for m in linears)
+        assert not any("forward" in m.__dict__ for m in other.modules())
+        with torch.no_grad():
+            assert torch.allclose(model(x).logits, before, atol=1e-5)
         raise RuntimeError("boom")
-    assert F.linear is original  # restored, also after an error
-    with few_row_linears(route=False):
-        assert F.linear is original  # where F.linear is the faster form it stays
+    assert all(m.linear_fn is original for m in shared)  # restored, also after an error
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    with routed_linears([model], route=False):
+        assert not any("forward" in m.__dict__ for m in model.modules())
 
 
-def test_mm_form_timing_is_cached_per_thread_count():
-    from flexigpt.generation import speculative
+def test_mm_form_timing_is_cached_per_thread_count_and_cpu_only():
+    from flexigpt.generation import few_rows
 
-    verdict = speculative.mm_form_is_faster()
+    verdict = few_rows.mm_form_is_faster()
     assert isinstance(verdict, bool)
-    assert speculative._MM_FASTER[torch.get_num_threads()] is verdict
+    assert few_rows._MM_FASTER[torch.get_num_threads()] is verdict
+    assert few_rows.few_row_route("cpu") is verdict
+    assert few_rows.few_row_route("cuda") is False  # never routed on CUDA
 
 
 def test_lean_engine_suppresses_eos_when_ignored_like_transformers(tiny_tokenizer):
@@ -255,6 +284,7 @@ def test_lean_engine_suppresses_eos_when_ignored_like_transformers(tiny_tokenize
     spec = gen.generate(PROMPTS[:1], max_new_tokens=8, ignore_eos=True, speculative=True,
                         draft_length=2, engine="lean")
     assert lean.token_ids == plain.token_ids == spec.token_ids
+    assert lean.stats["few_row_route"] is spec.stats["few_row_route"] is few_row_route("cpu")
     stopped = gen.generate(PROMPTS[:1], max_new_tokens=8, engine="lean")
     assert stopped.token_ids[0] == [first]  # not ignored: EOS ends the sequence
 
@@ -276,10 +306,10 @@ def test_combine_sums_chunks_and_recomputes_ratios():
     assert spec["alpha"] == pytest.approx(4 / 8) and spec["accepted_fraction"] == 0.4
 
 
-def test_speculative_bound():
-    assert speculative_bound(0.0, 3, 0.5) == pytest.approx(1 / 2.5)
-    assert speculative_bound(1.0, 3, 0.5) == pytest.approx(4 / 2.5)
-    assert speculative_bound(0.5, 2, 0.0) == pytest.approx(1.75)
+def test_expected_speedup():
+    assert expected_speedup(0.0, 3, 0.5) == pytest.approx(1 / 2.5)
+    assert expected_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)
+    assert expected_speedup(0.5, 2, 0.0) == pytest.approx(1.75)
 
 
 # ---- CLI and python entry point on saved directories -------------------------------------------
@@ -353,6 +383,7 @@ def test_measure_decode_interleaved_rows(saved_dirs, tiny_tokenizer):
     assert dense["relative_decode_time"] == 1.0 and dense["speculative"] is None
     assert flexi_row["speculative"]["identical"] and flexi_row["speculative"]["best_k"] == 2
     assert flexi_row["speculative"]["draft"]["extra_bytes"] == 0
+    assert flexi_row["speculative"]["few_row_route"] is few_row_route("cpu")
     assert flexi_row["batched"]["batch_size"] == 2 and flexi_row["prefill_ms"] > 0
     with pytest.raises(ValueError, match="new_tokens"):
         measure_decode(gens, PROMPTS, new_tokens=0, batch=2)

@@ -15,9 +15,10 @@ import yaml
 
 from flexigpt.block_count import RatioOutOfReach, method_plan, plan
 from flexigpt.cli import main as cli_main
-from flexigpt.config_check import (ConfigError, check_config_files, check_ratios,
-                                   check_resources, resource_skeleton)
+from flexigpt.config_check import ConfigError, check_config_files, check_ratios
 from flexigpt.dag import RunGrid
+from flexigpt.model_skeletons import resource_skeleton
+from flexigpt.resource_check import check_resources
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
@@ -70,6 +71,24 @@ def test_dry_run_of_an_empty_config_file_names_it_and_runs_nothing(tmp_path):
     assert out.returncode != 0
     assert f"config file '{path}' holds no settings" in text
     assert "rule compress" not in text and "config/config.yaml" in text
+
+
+def test_flexigpt_run_refuses_a_list_config_naming_the_file_before_snakemake(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- model\n- data\n")
+    out = subprocess.run([sys.executable, "-m", "flexigpt", "run", "--cores", "1", "-n",
+                          "--configfile", str(path)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 1
+    assert f"config file '{path}' holds a list, not a mapping" in out.stderr
+    assert "snakemake" not in out.stderr.lower().replace("flexigpt.commands.run", "")
+
+
+def test_configfiles_reads_every_form_of_the_flag():
+    from flexigpt.commands.run import configfiles
+    assert configfiles(["--cores", "1", "--configfile", "a.yaml", "b.yaml", "-n",
+                        "--configfiles=c.yaml", "d.yaml", "--configfile=e.yaml", "x"]) == [
+        "a.yaml", "b.yaml", "c.yaml", "d.yaml", "e.yaml"]
 
 
 # ---- ratios at DAG build --------------------------------------------------------------------
@@ -260,7 +279,7 @@ def built_model(tmp_path, tiny_tokenizer) -> Path:
     """A harness-written model directory (with its ``.flexigpt-output.json``)."""
     from conftest import make_model
 
-    from flexigpt.artifacts import atomic_directory
+    from flexigpt.fileio import atomic_directory
 
     out = tmp_path / "models/tiny"
     with atomic_directory(out) as tmp:
@@ -292,7 +311,7 @@ def test_tampered_resource_is_refused_naming_the_file(built_model, tmp_path):
 
 
 def test_unchanged_resources_are_not_hashed_again(built_model, tmp_path, monkeypatch):
-    import flexigpt.config_check as config_check
+    import flexigpt.resource_check as config_check
 
     cfg = config_for(built_model)
     grid = RunGrid.from_config(cfg)

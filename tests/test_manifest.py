@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from conftest import make_model
-from flexigpt.artifacts import (CheckpointError, _stable, load_compressed, manifest_hash,
-                                read_manifest, save_compressed, sha256_file)
-from flexigpt.manifest import FORMAT_VERSION, Manifest, migrate_structure
+from flexigpt.artifacts import load_compressed, read_manifest
+from flexigpt.export.publish import publish_compressed as save_compressed
+from flexigpt.fileio import CheckpointError, sha256_file
+from flexigpt.manifest import FORMAT_VERSION, Manifest, _stable, manifest_hash, migrate_structure
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import os
-import shutil
 import subprocess
 import sys
 
@@ -15,10 +14,6 @@ import torch
 
 from flexigpt.artifacts import load_compressed
 from flexigpt.training.launch import accelerate_launch
-
-pytestmark = pytest.mark.skipif(shutil.which("accelerate") is None and not os.path.exists(
-    os.path.join(os.path.dirname(sys.executable), "accelerate")),
-    reason="accelerate launcher not installed")
 
 
 def _train(model, out, text, processes: int) -> list[dict]:

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from conftest import make_model, manifest_for, perturb_adapters, perturb_norms
-from flexigpt.artifacts import LoadedModel, load_compressed, save_compressed
+from flexigpt.artifacts import LoadedModel, load_compressed
+from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.generation import Generator
 from flexigpt.methods.extend import ExtendConfig
 from flexigpt.methods.extend import compress as extend_compress

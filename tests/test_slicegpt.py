@@ -13,7 +13,8 @@ from baselines.slicegpt.method import METHOD, compress
 from baselines.slicegpt.pca import SecondMoment
 from baselines.slicegpt.rotate import rotate_and_slice
 from conftest import make_model, manifest_for
-from flexigpt.artifacts import load_compressed, save_compressed
+from flexigpt.artifacts import load_compressed
+from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.calibration import token_windows
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters

@@ -1,8 +1,9 @@
 """End to end: the smoke config (tiny budgets) through the whole DAG, on the tiny Llama and
 on the tiny OPT (the paper's Table 3 family: every method, the extension and the tables).
 
-Runs in a temporary working directory whose ``resources/`` links to the repository's, so the
-offline resources are built once (by the DAG's own fetch rules) and reused.
+Runs in a temporary working directory whose ``resources/`` links to the session's tiny
+resources (``tiny_resources`` in conftest.py: fake wiki text and benchmarks, the tiny models
+built by the project's own builder), never to the checkout's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import link_resources
 from flexigpt.dag import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,9 +31,8 @@ MODELS = {"tiny-llama": None,
 
 @pytest.mark.parametrize("key", ["tiny-llama",  # in the default test run (CI)
                                  pytest.param("tiny-opt", marks=pytest.mark.slow)])
-def test_smoke_dag_end_to_end(tmp_path, key):
-    (ROOT / "resources").mkdir(exist_ok=True)
-    (tmp_path / "resources").symlink_to(ROOT / "resources")
+def test_smoke_dag_end_to_end(tmp_path, key, tiny_resources):
+    link_resources(tmp_path, tiny_resources)
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
            "--configfile", str(ROOT / "config/smoke.yaml"), "--cores", "2"]
     config = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -35,14 +33,13 @@ def windows(nll, tokens=None, sha: str = "t" * 64) -> dict:
 
 def test_paired_interval_covers_the_true_difference_at_the_stated_rate():
     rng = np.random.default_rng(123)
-    true_diff, hits, start = 0.05, 0, time.perf_counter()
+    true_diff, hits = 0.05, 0
     n_sets = 400
     for k in range(n_sets):
         a, b = paired_docs(rng, 200)
         hits += S.diff_interval(a, b, seed=k).contains(true_diff)
     coverage = hits / n_sets
     assert 0.92 <= coverage <= 0.98, coverage
-    assert time.perf_counter() - start < 20
 
 
 def test_average_over_tasks_covers_and_is_the_mean_of_task_differences():

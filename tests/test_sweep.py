@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import flexigpt.training.tuning as tuning
-from flexigpt.artifacts import CheckpointError, load_compressed
+from flexigpt.artifacts import load_compressed
+from flexigpt.fileio import CheckpointError
 from flexigpt.training import TrainConfig, train_model
 from flexigpt.training.checkpoint import checkpoint_dir
 from flexigpt.training.tuning import SELECTION_FILE, rung_step, run_sweep
@@ -124,10 +125,8 @@ def test_sweep_resumes_without_retraining(tiny_checkpoint, text_file, tmp_path, 
     assert not out.exists() and (tmp_path / "trained.sweep" / "t1" / "rung.json").exists()
     monkeypatch.setattr(tuning, "_publish", real)
     calls = []
-    import flexigpt.training as training
-
-    original = training.train_model
-    monkeypatch.setattr(training, "train_model",
+    original = tuning.train_model
+    monkeypatch.setattr(tuning, "train_model",
                         lambda *a, **k: calls.append(k) or original(*a, **k))
     selection = _sweep(tiny_checkpoint, text_file, out)
     assert calls == [] and selection["chosen_trial"] == 0  # every record read back

@@ -555,7 +555,8 @@ def test_lr_sweep_table_and_figure(new_tree: Path, tmp_path: Path) -> None:
 def test_lr_sweep_figure_has_a_panel_per_ratio_and_gamma_lines(new_tree, tmp_path,
                                                              monkeypatch) -> None:
     from flexigpt.tables import plots
-    from flexigpt.tables.collect import collect_selections, discover
+    from flexigpt.tables.collect import discover
+    from flexigpt.tables.selections import collect_selections
 
     captured = {}
     monkeypatch.setattr(plots, "save_figure", lambda fig, out, stem: captured.setdefault(
@@ -591,7 +592,7 @@ def test_lr_sweep_figure_has_a_panel_per_ratio_and_gamma_lines(new_tree, tmp_pat
     (lambda d: {**d, "schema": 2}, "unsupported schema"),
 ])
 def test_malformed_selection_is_named(new_tree: Path, tmp_path: Path, corrupt, message) -> None:
-    from flexigpt.tables.collect import read_selection
+    from flexigpt.tables.selections import read_selection
 
     good = new_tree / SMOL / "shortgpt_lora" / "default" / "r0.3" / "trained" / "selection.json"
     bad = tmp_path / "bad" / "selection.json"

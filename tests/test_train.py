@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from conftest import manifest_for
-from flexigpt.artifacts import CheckpointError, load_compressed
+from flexigpt.artifacts import load_compressed
+from flexigpt.fileio import CheckpointError
 from flexigpt.cli import main
 from flexigpt.training import TrainConfig, TrainingDivergedError, resolve_plan, train_loaded
 from flexigpt.training import train_model
 from flexigpt.training.checkpoint import checkpoint_dir
 from flexigpt.training.config import TrainPlan
-from flexigpt.training.lora import RecoveryLoRALinear, merge_lora
+from flexigpt.methods.lora import RecoveryLoRALinear, merge_lora
 from flexigpt.training.loop import lr_factor
 from flexigpt.training.outputs import LOG_COLUMNS
 from flexigpt.training.recipes import apply_recipe
@@ -293,16 +294,16 @@ def test_plan_is_serialisable():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_cross_entropy_equals_torch(dtype, monkeypatch):
-    import flexigpt.training.loop as loop
+    import flexigpt.training.losses as losses
 
-    monkeypatch.setattr(loop, "CHUNK_ROWS", 7)  # several chunks, a ragged last one
+    monkeypatch.setattr(losses, "CHUNK_ROWS", 7)  # several chunks, a ragged last one
     torch.manual_seed(0)
     logits = torch.randn(3, 11, 50, dtype=dtype, requires_grad=True)
     ids = torch.randint(0, 50, (3, 11))
     ref = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, 50),
                                             ids[:, 1:].reshape(-1))
     (g_ref,) = torch.autograd.grad(ref * 3.0, logits)
-    ours = loop.causal_lm_loss(logits, ids)
+    ours = losses.causal_lm_loss(logits, ids)
     (g_ours,) = torch.autograd.grad(ours * 3.0, logits)
     assert float(ours) == pytest.approx(float(ref), rel=1e-6)
     assert g_ours.dtype == dtype and torch.allclose(g_ours.float(), g_ref.float(), atol=1e-6)

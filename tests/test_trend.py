@@ -4,7 +4,6 @@ fitted to jointly resampled replicates (synthetic data with a known line)."""
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -76,13 +75,12 @@ def test_slope_interval_covers_at_the_nominal_rate():
     """200 simulated datasets, 4 budgets on the same 150 documents: the 95 % slope interval
     of the joint bootstrap covers the true slope at about 95 %."""
     rng = np.random.default_rng(11)
-    a, b, hits, n_sets, start = 0.5, -0.07, 0, 200, time.perf_counter()
+    a, b, hits, n_sets = 0.5, -0.07, 0, 200
     for k in range(n_sets):
         reps = S.average_diff_replicates(simulate(rng, a, b), n_boot=500, seed=k)
         fit = T.fit_trend(BUDGETS, reps.estimate, reps.boot)
         hits += fit.slope_low <= b <= fit.slope_high
     assert 0.88 <= hits / n_sets <= 0.99, hits / n_sets
-    assert time.perf_counter() - start < 20
 
 
 def test_joint_resampling_keeps_the_shared_document_effect_out_of_the_slope():

@@ -17,13 +17,15 @@ import pytest
 import torch
 
 from conftest import ROOT, make_model, make_text, manifest_for
-from flexigpt import artifacts
-from flexigpt.artifacts import (MANIFEST, MARKER, CheckpointError, atomic_directory,
-                                load_compressed, manifest_hash, read_manifest,
-                                save_compressed, sha256_file, verify_marker)
+from flexigpt.artifacts import load_compressed, read_manifest
 from flexigpt.cli import main as cli_main
-from flexigpt.export.checkpoint import MODELING_FILE, family_config
-from flexigpt.models.loading import ModelLoadError, load_model
+from flexigpt.export.publish import publish_compressed as save_compressed
+from flexigpt.fileio import (MANIFEST, MARKER, CheckpointError, atomic_directory, sha256_file,
+                             verify_marker)
+from flexigpt.fileio import outputs as fileio_outputs
+from flexigpt.manifest import manifest_hash
+from flexigpt.models.checkpoint_format import MODELING_FILE
+from flexigpt.models.loading import ModelLoadError, family_config, load_model
 from flexigpt.registry import get_method
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -298,13 +300,13 @@ def test_manifest_without_file_list_needs_verify_false(saved, tmp_path):
 def hashed(monkeypatch) -> list[Path]:
     """Every path the loader hashes (must never be outside the model directory)."""
     seen: list[Path] = []
-    real = artifacts._cached_sha
+    real = fileio_outputs.cached_sha256
 
     def spy(path):
         seen.append(Path(path).resolve())
         return real(path)
 
-    monkeypatch.setattr(artifacts, "_cached_sha", spy)
+    monkeypatch.setattr(fileio_outputs, "cached_sha256", spy)
     return seen
 
 

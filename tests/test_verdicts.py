@@ -11,20 +11,27 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flexigpt.evaluation.results import write_records
-from flexigpt.tables import build_all
-from flexigpt.tables.curves import NEVER, add_reach, smoothed, tokens_to_reach
 from flexigpt import stats as S
-from flexigpt.tables import build, verdicts
+from flexigpt.evaluation.results import write_records
+from flexigpt.tables import build, build_all, claim_rows, timing_claims, verdicts
 from flexigpt.tables.collect import collect_results
 from flexigpt.tables.comparisons import OK, Comparator, Diff
+from flexigpt.tables.curves import NEVER, add_reach, smoothed, tokens_to_reach
+from flexigpt.tables.decision import (
+    CONTRADICTED,
+    MISSING_RUN,
+    NO_DIFFERENCE,
+    NOT_A_CLAIM,
+    SUPPORTED,
+    UNDECIDED,
+    Rules,
+    decide_count,
+    decide_family,
+)
 from flexigpt.tables.intervals import RecordStore
 from flexigpt.tables.published import load_published
 from flexigpt.tables.report import gather_inputs
 from flexigpt.tables.trend import budget_trend, trend_table
-from flexigpt.tables.verdicts import (CONTRADICTED, MISSING_RUN, NO_DIFFERENCE, NOT_A_CLAIM,
-                                      SUPPORTED, UNDECIDED, Rules, decide_count,
-                                      decide_family)
 
 BASE = Path(__file__).parent / "fixtures" / "results" / "eval" / "smollm2-135m" / \
     "shortgpt-default-r0.3-final-s0.json"
@@ -314,10 +321,10 @@ def test_holm_family_is_stricter_than_one_interval_at_a_time():
 
 def test_single_seed_marker():
     iv = S.Interval(0.1, 0.0, 0.2, 0.05, 0.95, 100, 2000, seeds=(1, 3))
-    assert verdicts._seeds([Diff(OK, iv)]) == ("1 vs 3 †", True)
+    assert claim_rows._seeds([Diff(OK, iv)]) == ("1 vs 3 †", True)
     iv3 = S.Interval(0.1, 0.0, 0.2, 0.05, 0.95, 100, 2000, seeds=(3, 3))
-    assert verdicts._seeds([Diff(OK, iv3), Diff("not run")]) == ("3 vs 3", False)
-    assert verdicts._seeds([]) == ("–", False)
+    assert claim_rows._seeds([Diff(OK, iv3), Diff("not run")]) == ("3 vs 3", False)
+    assert claim_rows._seeds([]) == ("–", False)
     with pytest.raises(ValueError, match="log_ppl_margin"):
         Rules(log_ppl_margin=-1.0)
 
@@ -417,11 +424,11 @@ def test_timing_rows_name_the_commit_that_measured_them(tmp_path):
     path = tmp_path / "inference.json"
     path.write_text(json.dumps({"provenance": {"git_commit": old},
                                 "created": "2026-12-02T18:52:00+00:00"}))
-    note = verdicts.timing_provenance(path, verdicts.DECODE_FIXES)
+    note = timing_claims.timing_provenance(path, timing_claims.DECODE_FIXES)
     assert note.startswith("measured at commit a757c7c (2026-12-02)")
-    if verdicts._is_ancestor(old, "68be9e3797d282a6f5543042e0f380b212fe0dd0"):
+    if timing_claims._is_ancestor(old, "68be9e3797d282a6f5543042e0f380b212fe0dd0"):
         assert "predates the decoding fixes of 68be9e3" in note
-    assert "predates" not in verdicts.timing_provenance(path)  # no fixes named
+    assert "predates" not in timing_claims.timing_provenance(path)  # no fixes named
     path.write_text(json.dumps({"created": "2026-12-02T18:52:00+00:00"}))
-    assert verdicts.timing_provenance(path) == "measured 2026-12-02; commit not recorded"
-    assert verdicts.timing_provenance(None) == ""
+    assert timing_claims.timing_provenance(path) == "measured 2026-12-02; commit not recorded"
+    assert timing_claims.timing_provenance(None) == ""

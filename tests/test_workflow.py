@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flexigpt.registry import METHODS
 from flexigpt.dag import RunGrid
+from flexigpt.registry import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -65,7 +65,7 @@ def test_job_conda_env_pins_match_environment_yml():
 def test_checkout_on_pythonpath(monkeypatch, tmp_path):
     import os
 
-    from flexigpt.dag import checkout_on_pythonpath
+    from flexigpt.workflow_support import checkout_on_pythonpath
 
     monkeypatch.setenv("PYTHONPATH", f"/other{os.pathsep}{tmp_path}")
     checkout_on_pythonpath(tmp_path)
@@ -256,7 +256,7 @@ def test_slurm_profile_reads_account_and_partitions_from_the_environment():
 
 
 def test_schema_lists_every_resource_model_builder():
-    from flexigpt.dag import RESOURCE_MODELS
+    from flexigpt.config_check import RESOURCE_MODELS
     from flexigpt.resources import LAYOUT
 
     schema = load("workflow/schemas/config.schema.yaml")

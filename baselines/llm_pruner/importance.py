@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def accumulate_gradients(model: nn.Module, windows: torch.Tensor, params: list[nn.Parameter],
-                         batch_size: int = 1) -> tuple[dict[nn.Parameter, torch.Tensor], float]:
+                         batch_size: int = 1) -> tuple[dict[torch.Tensor, torch.Tensor], float]:
     """fp32 gradients of the mean LM loss over ``windows [N, T]`` w.r.t. ``params``.
 
     Only ``params`` require grad during the passes; every parameter's ``requires_grad`` and
@@ -34,7 +34,9 @@ def accumulate_gradients(model: nn.Module, windows: torch.Tensor, params: list[n
     """
     n = windows.shape[0]
     flags = {p: p.requires_grad for p in model.parameters()}
-    grads = {p: torch.zeros_like(p, dtype=torch.float32) for p in params}
+    # keyed by the parameters (typed as tensors: nn.Linear.weight is a Tensor to the checker)
+    grads: dict[torch.Tensor, torch.Tensor] = {
+        p: torch.zeros_like(p, dtype=torch.float32) for p in params}
     device = model_device(model)
     total = 0.0
     was_training = model.training
@@ -55,6 +57,7 @@ def accumulate_gradients(model: nn.Module, windows: torch.Tensor, params: list[n
                 (loss * (ids.shape[0] / n)).backward()
                 total += float(loss.detach()) * ids.shape[0]
                 for p in params:
+                    assert p.grad is not None  # every p requires grad and feeds the loss
                     grads[p] += p.grad.float()
                     p.grad = None
     finally:
@@ -65,7 +68,7 @@ def accumulate_gradients(model: nn.Module, windows: torch.Tensor, params: list[n
     return grads, total / n
 
 
-def _row_saliency(lin: nn.Linear, grads: dict[nn.Parameter, torch.Tensor]) -> torch.Tensor:
+def _row_saliency(lin: nn.Linear, grads: dict[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Σ over each output row of |w·g| (bias entry included): ``[out_features]``."""
     sal = (lin.weight.float() * grads[lin.weight]).abs().sum(dim=1)
     if lin.bias is not None:
@@ -73,7 +76,7 @@ def _row_saliency(lin: nn.Linear, grads: dict[nn.Parameter, torch.Tensor]) -> to
     return sal
 
 
-def _col_saliency(lin: nn.Linear, grads: dict[nn.Parameter, torch.Tensor]) -> torch.Tensor:
+def _col_saliency(lin: nn.Linear, grads: dict[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Σ over each input column of |w·g|: ``[in_features]`` (a bias belongs to no column)."""
     return (lin.weight.float() * grads[lin.weight]).abs().sum(dim=0)
 

@@ -33,7 +33,7 @@ from flexigpt.models.adapters import ArchAdapter, get_adapter
 
 def head_dim_of(model: nn.Module) -> int:
     """Attention head width from the config (``head_dim`` or hidden / heads)."""
-    cfg = model.config
+    cfg: Any = model.config  # an HF config: its fields vary by family
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
@@ -62,8 +62,9 @@ def slice_linear(lin: nn.Linear, rows: torch.Tensor | None = None,
     return new
 
 
-def set_attention_counts(attn: nn.Module, n_heads: int, n_kv: int) -> None:
+def set_attention_counts(attn: Any, n_heads: int, n_kv: int) -> None:
     """Update the head-count attributes an attention module may read at runtime."""
+    # Any: an HF attention module of any family; its count attributes are plain ints
     attn.num_key_value_groups = n_heads // n_kv
     for name, value in (("num_heads", n_heads), ("num_key_value_heads", n_kv)):
         if hasattr(attn, name):
@@ -79,7 +80,8 @@ def prune_block(adapter: ArchAdapter, block: nn.Module, keep_groups: torch.Tenso
     channels of each kept KV head; gate/up rows and down columns: the kept channels (a
     family without a gate, OPT: fc1 rows and fc2 columns). Biases follow their rows.
     """
-    attn, mlp = adapter.attn(block), adapter.mlp_owner(block)
+    attn = adapter.attn(block)
+    mlp: Any = adapter.mlp_owner(block)  # HF MLP or OPT block; may carry intermediate_size
     q_name, k_name, v_name, o_name = (adapter.role_name(r) for r in ("q", "k", "v", "o"))
     in_names = [adapter.role_name(r) for r in adapter.mlp_in_roles()]
     down_name = adapter.role_name("down")

@@ -25,10 +25,10 @@ from baselines.shortgpt.config import ShortGPTConfig, ShortGPTLoRAConfig
 from flexigpt.artifacts import empty_model
 from flexigpt.block_count import block_count
 from flexigpt.block_influence import lowest_blocks, scores_for
+from flexigpt.methods.lora import lora_params_per_rank
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import compression_ratio, count_parameters
 from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
-from flexigpt.training.lora import lora_params_per_rank
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ def compress_lora(model: nn.Module, tokenizer: Any, calibration: Any,
                   cfg: ShortGPTLoRAConfig) -> CompressionResult:
     """ShortGPT removal plus ``info["recovery"]``, the LoRA recipe for the shared trainer."""
     result, removed, kept = remove_blocks(model, calibration, cfg)
-    hidden = model.config.hidden_size
+    config: Any = model.config  # an HF config: its fields vary by family
+    hidden = config.hidden_size
     flexigpt_rank = cfg.flexigpt_rank or max(1, hidden // 16)
     recovery = lora_budget(get_adapter(model), removed, kept, hidden, flexigpt_rank,
                            cfg.lora_rank)

@@ -117,7 +117,8 @@ def solve_width(model: nn.Module, adapter: ArchAdapter, ratio: float, head: str,
     Raises:
         ValueError: no width gets within ``tolerance`` (names the reachable range).
     """
-    hidden, n_layers = model.config.hidden_size, len(adapter.layers(model))
+    config: Any = model.config  # an HF config: its fields vary by family
+    hidden, n_layers = config.hidden_size, len(adapter.layers(model))
     dense = count_parameters(model)
     options = []
     for width in range(round_to, hidden + 1, round_to):

@@ -73,18 +73,20 @@ def untie_head(model: nn.Module, adapter: ArchAdapter) -> bool:
     head = adapter.lm_head(model)
     head.weight = nn.Parameter(head.weight.detach().clone(),
                                requires_grad=head.weight.requires_grad)
-    model.config.tie_word_embeddings = False
+    config: Any = model.config  # an HF config: its fields vary by family
+    config.tie_word_embeddings = False
     if hasattr(model, "all_tied_weights_keys"):
-        model.all_tied_weights_keys = {}
+        model.all_tied_weights_keys = {}  # type: ignore[assignment]  # torch stub: setattr of tensors/modules
     return True
 
 
-def _fold_into_inputs(norm: nn.Module, linears: list[nn.Linear], add_bias: bool = False) -> None:
+def _fold_into_inputs(norm: Any, linears: list[nn.Linear], add_bias: bool = False) -> None:
     """``W ← W diag(α)``, ``b ← b + W β`` (float64, in place) for the readers of ``norm``.
 
     A reader without a bias gets one (``add_bias``, the LM head under a LayerNorm with
     bias, as the official code does) or, when ``W β ≠ 0``, raises ValueError.
     """
+    # norm: Any, a LayerNorm or a family's RMSNorm module (a weight, maybe a bias)
     alpha = norm.weight.detach().double()
     beta = getattr(norm, "bias", None)
     for lin in linears:
@@ -164,7 +166,8 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
     layers = adapter.layers(model)
     kind = norm_kind(adapter.input_norm(layers[0]))
     eps = norm_eps(adapter.input_norm(layers[0]))
-    hidden = model.config.hidden_size
+    config: Any = model.config  # an HF config: its fields vary by family
+    hidden = config.hidden_size
     was_tied = is_tied(model, adapter)
     keep_tied = was_tied and not untie
     if not keep_tied:
@@ -183,8 +186,8 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
             for lin in [getattr(attn, n) for n in adapter.attn_out_linears] + \
                        [getattr(mlp, n) for n in adapter.mlp_out_linears]:
                 _center_outputs(lin)
-        layers[i] = sliced_block(adapter, layer, model.config, eps)
-    final = adapter.final_norm(model)
+        layers[i] = sliced_block(adapter, layer, config, eps)
+    final: Any = adapter.final_norm(model)  # a LayerNorm or a family's RMSNorm
     has_shift = getattr(final, "bias", None) is not None
     alpha = None if has_shift else final.weight.detach().double().clone()
     if not keep_tied:
@@ -197,7 +200,7 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
 def set_module(root: nn.Module, dotted: str, module: nn.Module) -> None:
     """Replace the submodule at ``dotted`` (relative to ``root``)."""
     parent_path, _, name = dotted.rpartition(".")
-    parent = root
+    parent: Any = root  # a module, or a ModuleList indexed by position
     for part in parent_path.split(".") if parent_path else []:
         parent = parent[int(part)] if part.isdigit() else getattr(parent, part)
     setattr(parent, name, module)

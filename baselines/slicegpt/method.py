@@ -22,8 +22,15 @@ from torch import nn
 
 from baselines.slicegpt.accounting import Plan, predict_parameters, slicing_width, solve_width
 from baselines.slicegpt.config import SliceGPTConfig
-from baselines.slicegpt.fusion import (check_residual_stream, fuse_model, is_tied, norm_kind,
-                                       set_module, sliced_block, stream_writers)
+from baselines.slicegpt.fusion import (
+    check_residual_stream,
+    fuse_model,
+    is_tied,
+    norm_kind,
+    set_module,
+    sliced_block,
+    stream_writers,
+)
 from baselines.slicegpt.modules import RMSN, ProjectedRMSN, resize_linear, set_shortcut
 from baselines.slicegpt.rotate import rotate_and_slice
 from flexigpt.artifacts import empty_model
@@ -75,7 +82,8 @@ def resolve_head(head: str, tied: bool, kind: str) -> str:
 def plan_for(model: nn.Module, adapter: ArchAdapter, cfg: SliceGPTConfig, head: str,
              tied: bool) -> tuple[Plan, int]:
     """The constant-width plan for ``cfg`` and its width."""
-    hidden, n_layers = model.config.hidden_size, len(adapter.layers(model))
+    config: Any = model.config  # an HF config: its fields vary by family
+    hidden, n_layers = config.hidden_size, len(adapter.layers(model))
     if cfg.target == "slicing_fraction":
         width = slicing_width(cfg.ratio, hidden, cfg.round_to)
     else:
@@ -106,6 +114,7 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     if mask is not None and mask.shape != windows.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} != windows shape {tuple(windows.shape)}")
     adapter = get_adapter(model)
+    config: Any = model.config  # an HF config: its fields vary by family
     check_residual_stream(model, adapter)
     tied = is_tied(model, adapter)
     head = resolve_head(cfg.head, tied, norm_kind(adapter.input_norm(adapter.layers(model)[0])))
@@ -113,7 +122,7 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     dense = count_parameters(model)
     predicted = predict_parameters(model, adapter, plan, tied)
     log.info("slicegpt: width %d of %d, head %s (%s), predicted reduction %.4f",
-             width, model.config.hidden_size, head,
+             width, config.hidden_size, head,
              "official" if head in OFFICIAL_HEADS else "harness variant, not the paper's",
              1 - predicted / dense)
     start = time.perf_counter()
@@ -126,12 +135,12 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
                    sum(p.numel() for p in adapter.lm_head(model).parameters()))
     if after != predicted:
         log.error("slicegpt parameter count %d differs from the prediction %d", after, predicted)
-    structure = {"plan": plan.to_json(), "hidden_size": model.config.hidden_size,
+    structure = {"plan": plan.to_json(), "hidden_size": config.hidden_size,
                  "eps": fusion.eps, "norm": fusion.norm, "was_tied": tied,
                  "head_bias": adapter.lm_head(model).bias is not None}
     info: dict[str, Any] = {
         "target": cfg.target, "ratio_requested": cfg.ratio, "width": width,
-        "slicing_fraction": round(1 - width / model.config.hidden_size, 6),
+        "slicing_fraction": round(1 - width / config.hidden_size, 6),
         "head": head, "head_requested": cfg.head, "head_official": head in OFFICIAL_HEADS,
         "dense_head_tied": tied, "head_parameters": head_params,
         "dense_parameters": dense, "predicted_parameters": predicted, "parameters": after,

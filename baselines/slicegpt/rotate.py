@@ -23,8 +23,13 @@ from tqdm.auto import tqdm
 from baselines.slicegpt.accounting import Plan
 from baselines.slicegpt.config import SliceGPTConfig
 from baselines.slicegpt.fusion import FusionInfo, set_module, stream_writers
-from baselines.slicegpt.modules import (ProjectedRMSN, SlicedBlock, matmul_rows, set_linear,
-                                        set_shortcut)
+from baselines.slicegpt.modules import (
+    ProjectedRMSN,
+    SlicedBlock,
+    matmul_rows,
+    set_linear,
+    set_shortcut,
+)
 from baselines.slicegpt.pca import SecondMoment, kept_energy, random_orientation
 from flexigpt.devices import model_device
 from flexigpt.models.adapters import ArchAdapter
@@ -128,6 +133,21 @@ class _Slicer:
 
 
 @torch.no_grad()
+def _rotate_embeddings(model: nn.Module, adapter: ArchAdapter, state: _Slicer, plan: Plan,
+                       hidden: int) -> torch.Tensor:
+    """PCA of the embedding output; rotate and slice the token (and learned position)
+    tables and the buffer to ``plan.embed``. Returns the embedding basis ``q_embed``."""
+    acc = state.moment()
+    for sl, _, m in state.batches():
+        acc.add(state.read(sl, hidden), m)
+    q_embed = state.basis(acc, plan.embed)
+    for embed in stream_writers(model, adapter):
+        embed.weight = nn.Parameter(matmul_rows(embed.weight, q_embed[:, :plan.embed]))
+        embed.embedding_dim = plan.embed
+    state.rotate_buffer(q_embed, plan.embed)
+    return q_embed
+
+
 def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, plan: Plan,
                      windows: torch.Tensor, cfg: SliceGPTConfig,
                      mask: torch.Tensor | None = None) -> dict[str, Any]:
@@ -140,7 +160,8 @@ def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo,
     Returns:
         Diagnostics: kept energy fraction of every PCA (embedding, then mid/out per block).
     """
-    hidden = model.config.hidden_size
+    config: Any = model.config  # an HF config: its fields vary by family
+    hidden = config.hidden_size
     ref = next(model.parameters())
     n, t = windows.shape
     buffer = torch.empty(n, t, hidden, dtype=ref.dtype)  # host memory, whatever the device
@@ -149,15 +170,7 @@ def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo,
     kwargs = capture_inputs(model, adapter, windows, cfg.batch_size, mask, buffer)
     state = _Slicer(cfg, buffer, kwargs, mask, ref.device)
 
-    acc = state.moment()
-    for sl, _, m in state.batches():
-        acc.add(state.read(sl, hidden), m)
-    q_embed = state.basis(acc, plan.embed)
-    for embed in stream_writers(model, adapter):  # token (and learned position) tables
-        embed.weight = nn.Parameter(matmul_rows(embed.weight, q_embed[:, :plan.embed]))
-        embed.embedding_dim = plan.embed
-    state.rotate_buffer(q_embed, plan.embed)
-
+    q_embed = _rotate_embeddings(model, adapter, state, plan, hidden)
     q_prev, d_prev = q_embed, plan.embed
     layers = adapter.layers(model)
     for i, block in enumerate(tqdm(layers, desc="slicegpt", leave=False)):
@@ -211,12 +224,14 @@ def _finish_head(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, pla
         raise ValueError("re-tying needs the final norm scale (fusion.final_alpha)")
     alpha = fusion.final_alpha.to(device=q_embed.device, dtype=torch.float64)
     m = q_last.T @ (alpha[:, None] * q_embed)  # [d_L, d0]
-    final = ProjectedRMSN(model.config.hidden_size, fusion.eps, m.shape[0], m.shape[1])
+    config: Any = model.config  # an HF config: its fields vary by family
+    final = ProjectedRMSN(config.hidden_size, fusion.eps, m.shape[0], m.shape[1])
     final.proj.weight = nn.Parameter(m.T.to(device=embed.weight.device, dtype=embed.weight.dtype)
                                      .contiguous())
     set_module(model, adapter.final_norm_path, final)
     head.weight = embed.weight
     head.in_features = embed.weight.shape[1]
-    model.config.tie_word_embeddings = True
-    if hasattr(model, "get_expanded_tied_weights_keys"):
-        model.all_tied_weights_keys = model.get_expanded_tied_weights_keys(all_submodels=False)
+    config.tie_word_embeddings = True
+    expand_tied = getattr(model, "get_expanded_tied_weights_keys", None)  # an HF model's
+    if expand_tied is not None:
+        model.all_tied_weights_keys = expand_tied(all_submodels=False)

@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens tokens")
     p.add_argument("--merged", action="store_true",
-                   help="lean decode path: merge replacement adapters into private weights "
-                        "(more memory)")
+                   help="merged-weights decode path: merge replacement adapters into private "
+                        "weights (more memory)")
     p.add_argument("--dtype", default="float32")
     add_device_argument(p)
     p.add_argument("--threads", type=int, help="torch threads")
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     gen = Generator(args.model, dtype=args.dtype, device=args.device)
     merged = None
     if args.merged:
-        from flexigpt.generation.lean import merge_replacement_linears
+        from flexigpt.generation.merged import merge_replacement_linears
 
         merged = merge_replacement_linears(gen.model)
     out = gen.generate(prompts, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         line += f"; prefill {1e3 * s['prefill_s']:.1f} ms, {s['per_token_ms']:.2f} ms/token"
     print(line, file=sys.stderr)
     if args.json:
-        from flexigpt.artifacts import atomic_write_text
+        from flexigpt.fileio import atomic_write_text
 
         record = {"model": str(args.model), "prompts": out.prompts, "texts": out.texts,
                   "token_ids": out.token_ids, "stats": out.stats, "merged": merged}

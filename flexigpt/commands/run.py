@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flexigpt.config_check import ConfigError, check_config_files
+
 log = logging.getLogger(__name__)
 
 HELP = "run the Snakemake DAG (stale lock after a kill cleared, cut jobs rerun)"
@@ -96,8 +98,31 @@ def snakemake_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "snakemake", *args, *extra]
 
 
+def configfiles(args: list[str]) -> list[str]:
+    """The paths given to ``--configfile``/``--configfiles`` (each flag takes the words up
+    to the next option), in order."""
+    found, taking = [], False
+    for arg in args:
+        if arg.startswith("-"):
+            name, eq, value = arg.partition("=")
+            taking = name in ("--configfile", "--configfiles")
+            if taking and eq:
+                found.append(value)
+                taking = name == "--configfiles"
+        elif taking:
+            found.append(arg)
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
     passed = [a for a in args.snakemake_args if a != "--"]
+    # an empty or non-mapping --configfile is refused here, naming the file, before
+    # Snakemake parses it (its own message for a YAML list does not name the file)
+    try:
+        check_config_files(configfiles(passed))
+    except ConfigError as err:
+        log.error("%s", err)
+        return 1
     workdir = Path.cwd()
     for flag in ("--directory", "-d"):
         if flag in passed and passed.index(flag) + 1 < len(passed):

@@ -96,10 +96,11 @@ def run(args: argparse.Namespace) -> int:
         loss=args.loss, kd_temperature=args.kd_temperature, device=args.device)
     manifest = train_model(args.model, args.out, cfg, text=args.text,
                            validation=args.validation or None, teacher=args.teacher)
-    from flexigpt.training.launch import is_main_process
+    from flexigpt.training.processes import is_main_process
 
     if not is_main_process():
         return 0
+    assert not isinstance(manifest, dict)  # no stop_step: a full run returns its Manifest
     h = manifest.history[-1]
     print(f"{manifest.method} / recipe {h['recipe']}: {h['steps']} steps, {h['tokens']:,} "
           f"tokens, {h['trainable']['trainable_parameters']:,} trainable parameters; "

@@ -19,14 +19,23 @@ import logging
 import os
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
+from flexigpt import devices
+from flexigpt.artifacts import load_compressed
 from flexigpt.devices import model_device
+from flexigpt.fileio import atomic_write_text
+from flexigpt.generation.generator import Generator
+from flexigpt.generation.measure import default_prompts, measure_decode
+from flexigpt.params import count_parameters
+from flexigpt.provenance import provenance
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +46,7 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def measure_inference(models: dict[str, nn.Module], batch: int, seq_len: int,
+def measure_inference(models: dict[str, PreTrainedModel], batch: int, seq_len: int,
                       repeats: int = 5, warmup: int = 1, seed: int = 0) -> list[dict[str, Any]]:
     """Median forward time of each model on the same ``[batch, seq_len]`` input.
 
@@ -88,9 +97,6 @@ def _decode_rows(loaded: dict[str, Any], prompts: list[str], dec: dict[str, int]
                  meta: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Decoding cost of the loaded models (:func:`measure_decode`), one row per model with
     its name fields (method, variant, setting, ratio)."""
-    from flexigpt.generation import Generator
-    from flexigpt.generation.measure import measure_decode
-
     def progress(rep: int, name: str, b1: dict[str, Any], seconds: float) -> None:
         log.info("decode [%d/%d] %s: %.2f ms/token at batch 1 (%.1f s)", rep + 1,
                  dec["repeats"], name, b1["per_token_ms"], seconds)
@@ -163,25 +169,20 @@ def run_inference_cost(inputs: dict[str, str | os.PathLike], out_json: str | os.
         ValueError: bad ``decode`` settings, or ``prompts > 0`` without ``prompt_text``
             (before any model is loaded).
     """
-    from flexigpt import devices
-    from flexigpt.artifacts import atomic_write_text, load_compressed
-    from flexigpt.params import count_parameters
-    from flexigpt.provenance import provenance
-
     dec = decode_settings(decode)
     prompts = None
     if dec["prompts"]:
         if prompt_text is None:
             raise ValueError("inference.decode.prompts > 0 needs a prompt text")
-        from flexigpt.generation.measure import default_prompts
         prompts = default_prompts(prompt_text, dec["prompts"])
-    loaded_models, models, meta = {}, {}, {}
+    loaded_models, meta = {}, {}
+    models: dict[str, Any] = {}  # transformers models (LoadedModel types them nn.Module)
     for name, path in inputs.items():
         loaded = loaded_models[name] = load_compressed(path, dtype=dtype, device=device)
         models[name] = loaded.model
         meta[name] = {**_parse_name(name), "model_dir": str(path),
                       "parameters": count_parameters(loaded.model),
-                      "num_layers": int(loaded.model.config.num_hidden_layers)}
+                      "num_layers": int(models[name].config.num_hidden_layers)}
     rows = measure_inference(models, batch, seq_len, repeats, warmup)
     decoded = None
     if prompts is not None:
@@ -192,6 +193,6 @@ def run_inference_cost(inputs: dict[str, str | os.PathLike], out_json: str | os.
            "rows": [{**meta[r["name"]], **r} for r in rows], "decode": decoded,
            "device": str(devices.model_device(next(iter(models.values())))),
            "threads": torch.get_num_threads(), "provenance": provenance(),
-           "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+           "created": datetime.now(UTC).isoformat(timespec="seconds")}
     atomic_write_text(out_json, json.dumps(out, indent=2) + "\n")
     return out

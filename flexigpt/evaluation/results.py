@@ -43,13 +43,23 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flexigpt import faults
+import torch
+from torch import nn
+
+from flexigpt import artifacts, devices, faults
+from flexigpt.calibration import token_windows
 from flexigpt.evaluation.tasks import PAPER_TASKS, task_specs
 from flexigpt.evaluation.zeroshot import BACKENDS, lm_config, make_lm, run_tasks
+from flexigpt.fileio import atomic_write_bytes, atomic_write_text, sha256_file
+from flexigpt.manifest import manifest_hash
+from flexigpt.params import count_parameters
+from flexigpt.perplexity import window_nlls
+from flexigpt.precision import dtype_name, resolve_autocast
+from flexigpt.provenance import provenance
 
 if TYPE_CHECKING:
     from flexigpt.manifest import Manifest
@@ -99,8 +109,6 @@ class EvalConfig:
             raise ValueError(f"source must be 'local' or 'hub', got {self.source!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        from flexigpt.precision import resolve_autocast
-
         resolve_autocast(self.autocast_dtype, "cpu")  # raises on an unknown spelling
         if self.autocast_dtype not in (None, "none") and self.backend != "fast":
             raise ValueError(f"autocast_dtype {self.autocast_dtype!r} needs backend 'fast' "
@@ -134,45 +142,13 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
     Returns:
         The result dict that was written.
     """
-    from flexigpt.artifacts import atomic_write_text, load_compressed, manifest_hash
-    from flexigpt.params import count_parameters
-    from flexigpt.provenance import provenance
-
-    import torch
-
-    from flexigpt import devices
-    from flexigpt.precision import dtype_name, resolve_autocast
-
     cfg = EvalConfig(**options)
     specs = task_specs(cfg.tasks, cfg.source, cfg.benchmarks_dir) if cfg.tasks else []
-    loaded = load_compressed(model_dir_or_spec, dtype=cfg.dtype, device=cfg.device)
+    loaded = artifacts.load_compressed(model_dir_or_spec, dtype=cfg.dtype, device=cfg.device)
     model, tokenizer, manifest = loaded.model, loaded.tokenizer, loaded.manifest
     device = devices.model_device(model)
     autocast = resolve_autocast(cfg.autocast_dtype, device)
-    compressed = count_parameters(model)
-    if manifest is None:
-        params = {"dense": compressed, "compressed": compressed, "achieved_ratio": 0.0}
-    else:
-        stored = manifest.parameters
-        params = {"dense": stored.dense, "compressed": compressed,
-                  "achieved_ratio": stored.achieved_ratio}
-        if stored.compressed != compressed:
-            log.warning("manifest says %s parameters, the loaded model has %d",
-                        stored.compressed, compressed)
-    result: dict[str, Any] = {
-        "schema": SCHEMA, "model_dir": str(model_dir_or_spec),
-        "method": manifest.method if manifest else "dense",
-        "manifest_hash": manifest_hash(manifest) if manifest else None,
-        "num_layers": int(model.config.num_hidden_layers), "parameters": params,
-        "device": str(device),
-        "trained_tokens": sum(int(h.get("tokens") or 0)
-                              for h in (manifest.trainings() if manifest else [])),
-        "blocks_pruned": blocks_pruned(manifest), "recovery": recovery_summary(
-            manifest, model_dir_or_spec),
-        "perplexity": None, "tasks": {},
-        "lm_eval": {"version": importlib.metadata.version("lm_eval"), "num_fewshot": 0,
-                    "batch_size": cfg.batch_size, "backend": cfg.backend, "config": {}},
-    }
+    result = _result_head(model_dir_or_spec, model, manifest, device, cfg)
     windows: dict[str, Any] = {}
     if cfg.ppl_text is not None:
         with torch.autocast(device.type, dtype=autocast or torch.float32,
@@ -187,7 +163,7 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
         result["tasks"] = run_tasks(lm, specs, cfg.limit, records=doc_records)
         result["lm_eval"]["config"] = lm_config(lm)
     result.update(provenance=provenance(),
-                  created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  created=datetime.now(UTC).isoformat(timespec="seconds"),
                   labels=dict(cfg.labels))
     validate_result(result)
     result["records"] = write_records(out_json, doc_records if specs else None,
@@ -195,6 +171,42 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
     atomic_write_text(out_json, json.dumps(result, indent=2, sort_keys=True) + "\n")
     log.info("wrote %s", out_json)
     return result
+
+
+def parameters_block(model: nn.Module, manifest: Manifest | None) -> dict[str, Any]:
+    """The result's ``parameters``: the loaded model's count, and the manifest's dense count
+    and achieved ratio (a model without manifest counts as dense); warns when the manifest's
+    compressed count differs from the loaded model's."""
+    compressed = count_parameters(model)
+    if manifest is None:
+        return {"dense": compressed, "compressed": compressed, "achieved_ratio": 0.0}
+    stored = manifest.parameters
+    if stored.compressed != compressed:
+        log.warning("manifest says %s parameters, the loaded model has %d",
+                    stored.compressed, compressed)
+    return {"dense": stored.dense, "compressed": compressed,
+            "achieved_ratio": stored.achieved_ratio}
+
+
+def _result_head(model_dir: str | os.PathLike, model: Any, manifest: Manifest | None,
+                 device: torch.device, cfg: EvalConfig) -> dict[str, Any]:
+    """The result's fields that describe the model and the run, before any score
+    (``perplexity`` None and ``tasks`` empty, filled by :func:`evaluate_model`)."""
+    return {
+        "schema": SCHEMA, "model_dir": str(model_dir),
+        "method": manifest.method if manifest else "dense",
+        "manifest_hash": manifest_hash(manifest) if manifest else None,
+        "num_layers": int(model.config.num_hidden_layers),
+        "parameters": parameters_block(model, manifest),
+        "device": str(device),
+        "trained_tokens": sum(int(h.get("tokens") or 0)
+                              for h in (manifest.trainings() if manifest else [])),
+        "blocks_pruned": blocks_pruned(manifest), "recovery": recovery_summary(
+            manifest, model_dir),
+        "perplexity": None, "tasks": {},
+        "lm_eval": {"version": importlib.metadata.version("lm_eval"), "num_fewshot": 0,
+                    "batch_size": cfg.batch_size, "backend": cfg.backend, "config": {}},
+    }
 
 
 def blocks_pruned(manifest: Manifest | None) -> int | None:
@@ -234,10 +246,7 @@ def perplexity_block(model: Any, tokenizer: Any, cfg: EvalConfig,
     ``windows_out``: if given, filled with the per-window record (see the module docstring;
     the value is the same as :func:`flexigpt.perplexity.perplexity`'s).
     """
-    from flexigpt.artifacts import sha256_file
-    from flexigpt.calibration import token_windows
-    from flexigpt.perplexity import window_nlls
-
+    assert cfg.ppl_text is not None  # callers check that there is a perplexity text
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and cfg.ppl_seq_len > max_pos:
         raise ValueError(f"ppl_seq_len {cfg.ppl_seq_len} exceeds the model's "
@@ -281,8 +290,6 @@ def write_records(out_json: str | os.PathLike, docs: list[dict[str, Any]] | None
                   windows: dict[str, Any] | None) -> dict[str, str | None]:
     """Write the per-document / per-window records of ``out_json`` atomically (a stale file
     of a kind not written this time is removed); returns the result's ``records`` field."""
-    from flexigpt.artifacts import atomic_write_bytes, atomic_write_text
-
     paths = records_paths(out_json)
     field_: dict[str, str | None] = {"tasks": None, "perplexity": None}
     if docs is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flexigpt.artifacts import sha256_file
+from flexigpt.fileio import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ import math
 import time
 from typing import Any
 
+import torch
 from torch import nn
 
 from flexigpt.evaluation.tasks import TaskSpec, build_task, task_manager
@@ -32,7 +33,7 @@ SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234,
 
 def make_lm(model: nn.Module, tokenizer: Any, backend: str = "fast", batch_size: int = 16,
             add_bos_token: bool = False, max_length: int | None = None,
-            autocast_dtype: str | None = None, **fast_kwargs: Any) -> Any:
+            autocast_dtype: str | torch.dtype | None = None, **fast_kwargs: Any) -> Any:
     """An lm-eval LM around an in-memory causal LM.
 
     Args:
@@ -40,7 +41,7 @@ def make_lm(model: nn.Module, tokenizer: Any, backend: str = "fast", batch_size:
             (stock ``HFLM``).
         batch_size: stock ``HFLM`` batch size (also used by the fast backend's fallbacks).
         add_bos_token: passed explicitly to lm-eval (never the tokenizer default).
-        autocast_dtype: fast backend only: ``None`` (fp32) or ``"bfloat16"``.
+        autocast_dtype: fast backend only: ``None`` (fp32), ``"bfloat16"`` or a torch dtype.
     """
     from lm_eval.models.huggingface import HFLM
 

@@ -3,8 +3,9 @@
 The card states what the directory holds (method, requested and achieved ratio, parameters,
 what is shared or removed, recovery training, provenance) and how to load it; with a
 schema-1 result JSON (``flexigpt.evaluation.results``) it adds perplexity and zero-shot
-scores with 95 % intervals (±1.96 · stderr). ``save_compressed`` writes one into every
-saved model directory; call it again with the result JSON once the model is evaluated.
+scores with 95 % intervals (±1.96 · stderr). Publishing
+(:func:`flexigpt.export.publish.publish_compressed`) writes one into every published model
+directory; call it again with the result JSON once the model is evaluated.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from flexigpt.artifacts import read_manifest
+from flexigpt.fileio import MANIFEST, atomic_write_text
+from flexigpt.models.checkpoint_format import compression_spec
 
 if TYPE_CHECKING:
     from flexigpt.manifest import Manifest
@@ -150,9 +155,6 @@ def write_model_card(model_dir: str | os.PathLike,
     Raises:
         FileNotFoundError: ``model_dir`` has no manifest.json, or ``result_json`` is missing.
     """
-    from flexigpt.artifacts import MANIFEST, atomic_write_text, read_manifest
-    from flexigpt.export.checkpoint import compression_spec
-
     model_dir = Path(model_dir)
     if not (model_dir / MANIFEST).is_file():
         raise FileNotFoundError(f"{str(model_dir / MANIFEST)!r} does not exist")

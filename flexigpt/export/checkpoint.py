@@ -1,4 +1,8 @@
-"""Self-contained checkpoints: what ``save_compressed`` adds so plain ``transformers`` loads a dir.
+"""Self-contained checkpoints: what publishing adds so plain ``transformers`` loads a dir.
+
+:func:`make_self_contained` runs inside ``save_compressed``'s staging directory when a
+model is published (:func:`flexigpt.export.publish.publish_compressed`), before the files
+are hashed into the manifest.
 
 A saved model is *plain* when a stock ``AutoModelForCausalLM.from_config(config)`` has exactly
 its parameter names, shapes and sharing and every module is a torch/transformers class (dense,
@@ -13,6 +17,10 @@ Before writing ``auto_map`` the standalone replay is built on the meta device an
 parameter names/shapes/sharing are compared with the model's; a method the standalone file
 cannot replay (or a mismatch) keeps the custom type but gets no ``auto_map``
 (``remote_code: false`` with the reason), so only ``flexigpt.load_compressed`` loads it.
+
+The facts of that format the loaders read (``KEY``, ``MODEL_TYPE``, ``base_config_dict``,
+``compression_spec`` ...) live in :mod:`flexigpt.models.checkpoint_format`, ``family_config`` in
+:mod:`flexigpt.models.loading`; they are still importable from here.
 """
 
 from __future__ import annotations
@@ -28,17 +36,40 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from flexigpt.export import modeling_flexigpt_compressed as standalone
+from flexigpt.models.checkpoint_format import (
+    ADDED_KEYS,
+    FORMAT,
+    KEY,
+    MODEL_TYPE,
+    MODELING_FILE,
+    base_config_dict,
+    compression_spec,
+)
+from flexigpt.models.loading import family_config
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from flexigpt.manifest import Manifest
+
+__all__ = ["ADDED_KEYS", "FORMAT", "KEY", "MODELING_FILE", "MODEL_TYPE", "base_config_dict",
+           "compression_spec", "family_config", "make_self_contained", "plain_mismatch",
+           "remote_mismatch"]
 
 log = logging.getLogger(__name__)
 
-MODELING_FILE = "modeling_flexigpt_compressed.py"
-MODEL_TYPE, KEY, FORMAT = standalone.MODEL_TYPE, standalone.KEY, standalone.FORMAT
-#: config.json keys written for a non-plain model (removed again by :func:`base_config_dict`)
-ADDED_KEYS = ("auto_map", KEY)
+
+def _standalone() -> ModuleType:
+    """The standalone modeling file, imported on first use (it loads the transformers model
+    classes of every family it replays, too heavy for ``import flexigpt``), checked to agree
+    with :mod:`flexigpt.models.checkpoint_format` on ``MODEL_TYPE`` / ``KEY`` / ``FORMAT``."""
+    from flexigpt.export import modeling_flexigpt_compressed as standalone
+
+    if (standalone.MODEL_TYPE, standalone.KEY, standalone.FORMAT) != (MODEL_TYPE, KEY, FORMAT):
+        raise ImportError("flexigpt/export/modeling_flexigpt_compressed.py and "
+                          "flexigpt/models/checkpoint_format.py disagree on MODEL_TYPE / KEY "
+                          "/ FORMAT")
+    return standalone
 
 
 def _meta_skeleton(build: Any) -> nn.Module:
@@ -56,7 +87,8 @@ def _signature(model: nn.Module, meta: bool) -> tuple[dict[str, tuple[int, ...]]
     Sharing is by storage for real tensors (what safetensors deduplicates) and by object
     identity on the meta device.
     """
-    shapes, groups = {}, {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    groups: dict[object, set[str]] = {}  # by id (meta) or (storage, offset, shape)
     for name, t in model.state_dict(keep_vars=True).items():
         shapes[name] = tuple(t.shape)
         key = id(t) if meta or t.device.type == "meta" else (
@@ -99,6 +131,7 @@ def plain_mismatch(model: nn.Module) -> str | None:
 
 def remote_mismatch(model: nn.Module, config_dict: dict[str, Any]) -> str | None:
     """Why the standalone remote code would *not* rebuild ``model`` from ``config_dict``."""
+    standalone = _standalone()
     spec = config_dict[KEY]
     if spec["method"] not in standalone.REPLAY:
         return f"the standalone loader cannot replay method {spec['method']!r}"
@@ -114,56 +147,6 @@ def remote_mismatch(model: nn.Module, config_dict: dict[str, Any]) -> str | None
     return _compare(model, ref)
 
 
-def base_config_dict(config_dict: dict[str, Any]) -> dict[str, Any]:
-    """The family's own config dict (undoes :func:`make_self_contained`'s changes)."""
-    spec = config_dict.get(KEY)
-    if not isinstance(spec, dict):
-        return dict(config_dict)
-    out = {k: v for k, v in config_dict.items() if k not in ADDED_KEYS}
-    out["model_type"] = spec["base_model_type"]
-    if spec.get("base_architectures") is not None:
-        out["architectures"] = spec["base_architectures"]
-    else:
-        out.pop("architectures", None)
-    return out
-
-
-def family_config(model_dir: str | os.PathLike) -> Any:
-    """The family config (``LlamaConfig`` …) of a saved dir, self-contained or plain.
-
-    Never runs the directory's code: a self-contained dir's config is rebuilt from the
-    family's own class (its ``auto_map`` is not used); a plain one that asks for remote
-    code is refused (:func:`flexigpt.models.loading.refuse_remote_code`:
-    ``ModelLoadError``) and every other is read with ``trust_remote_code=False``.
-    """
-    from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    from flexigpt.models.loading import refuse_remote_code
-
-    path = Path(model_dir) / "config.json"
-    try:
-        config_dict = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):  # its own error message
-        return AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    if not isinstance(config_dict, dict) or KEY not in config_dict:
-        refuse_remote_code(model_dir, files=("config.json",))
-        return AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    base = base_config_dict(config_dict)
-    config = CONFIG_MAPPING[base["model_type"]].from_dict(base)
-    config._name_or_path = str(model_dir)
-    return config
-
-
-def compression_spec(model_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """``config.json[flexigpt_compression]`` of a saved dir (None for a plain checkpoint)."""
-    try:
-        spec = json.loads((Path(model_dir) / "config.json").read_text()).get(KEY)
-    except (OSError, json.JSONDecodeError):
-        return None
-    return spec if isinstance(spec, dict) else None
-
-
 def make_self_contained(model_dir: str | os.PathLike, model: nn.Module,
                         manifest: Manifest) -> dict[str, Any] | None:
     """Rewrite ``model_dir/config.json`` (written by ``config.save_pretrained``) so stock
@@ -172,6 +155,7 @@ def make_self_contained(model_dir: str | os.PathLike, model: nn.Module,
     Returns:
         The ``flexigpt_compression`` entry written, or None for a plain model.
     """
+    standalone = _standalone()
     model_dir = Path(model_dir)
     path = model_dir / "config.json"
     written = json.loads(path.read_text())
@@ -193,6 +177,7 @@ def make_self_contained(model_dir: str | os.PathLike, model: nn.Module,
         out["auto_map"] = {"AutoConfig": f"{MODELING_FILE[:-3]}.{config_cls}",
                            "AutoModelForCausalLM": f"{MODELING_FILE[:-3]}.{model_cls}"}
         spec["remote_code"] = True
+        assert standalone.__file__ is not None  # imported from its .py file
         shutil.copyfile(Path(standalone.__file__), model_dir / MODELING_FILE)
     else:
         spec.update(remote_code=False, remote_code_reason=remote)

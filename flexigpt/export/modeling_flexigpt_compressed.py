@@ -25,13 +25,22 @@ the package's tests check that both give identical logits.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 #: ``config.json`` ``model_type`` of every checkpoint that needs this file
@@ -157,7 +166,7 @@ class SlicedBlock(GradientCheckpointingLayer):
         self.input_layernorm = RMSN(hidden_size, eps)
         self.post_attention_layernorm = RMSN(hidden_size, eps)
         ref = next(attn.parameters())
-        kw = {"bias": False, "dtype": ref.dtype, "device": ref.device}
+        kw: dict[str, Any] = {"bias": False, "dtype": ref.dtype, "device": ref.device}
         self.attn_shortcut = nn.Linear(d_in, d_mid, **kw)
         self.mlp_shortcut = nn.Linear(d_mid, d_out, **kw)
 
@@ -202,7 +211,7 @@ def _share_block(target: nn.Module, base: nn.Module, s: dict[str, Any], hidden: 
             setattr(target, sub, OutputNorm(getattr(target, sub), hidden, eps))
 
 
-def replay_flexigpt(model: nn.Module, s: dict[str, Any]) -> None:
+def replay_flexigpt(model: PreTrainedModel, s: dict[str, Any]) -> None:
     """FlexiGPT pruning: block i is replaced by a weight-shared copy of block ``base_map[i]``."""
     layers = model.model.layers
     for i, j in s["base_map"].items():
@@ -210,9 +219,10 @@ def replay_flexigpt(model: nn.Module, s: dict[str, Any]) -> None:
                      share_prenorms=s.get("prenorm") == "share")
 
 
-def replay_flexigpt_extend(model: nn.Module, s: dict[str, Any]) -> None:
+def replay_flexigpt_extend(model: PreTrainedModel, s: dict[str, Any]) -> None:
     """FlexiGPT extension: position p repeats block ``layout[p]`` (first occurrence = original)."""
-    layers, first = model.model.layers, {}
+    layers = model.model.layers
+    first: dict[int, int] = {}
     if len(layers) != len(s["layout"]):
         raise ValueError(f"layout has {len(s['layout'])} blocks, config {len(layers)}")
     for pos, src in enumerate(s["layout"]):
@@ -222,7 +232,7 @@ def replay_flexigpt_extend(model: nn.Module, s: dict[str, Any]) -> None:
             first[src] = pos
 
 
-def replay_slicegpt(model: nn.Module, s: dict[str, Any]) -> None:
+def replay_slicegpt(model: PreTrainedModel, s: dict[str, Any]) -> None:
     """SliceGPT: per-block residual widths, shortcut matrices, weight-free RMS norms."""
     plan, hidden, eps = s["plan"], int(s["hidden_size"]), float(s["eps"])
     outs, mids = plan["out"], plan["mid"]
@@ -257,7 +267,7 @@ def replay_slicegpt(model: nn.Module, s: dict[str, Any]) -> None:
         model.lm_head = _linear(head, outs[-1], head.out_features)
 
 
-def replay_llm_pruner(model: nn.Module, s: dict[str, Any]) -> None:
+def replay_llm_pruner(model: PreTrainedModel, s: dict[str, Any]) -> None:
     """LLM-Pruner: per-layer query/KV head counts and MLP widths (whole KV groups removed)."""
     hd = int(s["head_dim"])
     layers = model.model.layers
@@ -287,7 +297,13 @@ REPLAY = {"flexigpt": replay_flexigpt, "flexigpt_extend": replay_flexigpt_extend
 
 
 # ---- model classes ----------------------------------------------------------------------------
-class CompressedMixin:
+if TYPE_CHECKING:  # the mixin always comes before a family's PreTrainedModel in the MRO
+    _MixinBase = PreTrainedModel
+else:
+    _MixinBase = object
+
+
+class CompressedMixin(_MixinBase):
     """``__init__``: the family's dense skeleton, then the recorded compression replayed."""
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:

@@ -30,12 +30,15 @@ from __future__ import annotations
 import copy
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # transformers itself is imported on first use
+    from transformers import PreTrainedModel
 
 EXPORT_RECORD = "export.json"
 
@@ -98,7 +101,7 @@ def _uniform_pruner_config(config: Any, structure: dict[str, Any]) -> Any:
     return out
 
 
-def plain_model(loaded: Any, unshare: bool = False) -> tuple[nn.Module, str]:
+def plain_model(loaded: Any, unshare: bool = False) -> tuple[PreTrainedModel, str]:
     """A stock-architecture model computing what ``loaded.model`` computes, and how it was made.
 
     Raises:
@@ -163,8 +166,10 @@ def export_plain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """
     from transformers import AutoModelForCausalLM
 
-    from flexigpt.artifacts import atomic_directory, check_output, load_compressed, manifest_hash
+    from flexigpt.artifacts import load_compressed
     from flexigpt.export.checkpoint import plain_mismatch
+    from flexigpt.fileio import atomic_directory, check_output
+    from flexigpt.manifest import manifest_hash
     from flexigpt.models.loading import parse_dtype
     from flexigpt.params import count_parameters
 
@@ -196,15 +201,21 @@ def export_plain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
                   "parameters": count_parameters(back),
                   "source_parameters": count_parameters(loaded.model),
                   "max_abs_logit_diff": diff, "probe": list(ids.shape),
-                  "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                  "created": datetime.now(UTC).isoformat(timespec="seconds")}
         (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        (tmp / "README.md").write_text(
-            f"---\nlibrary_name: transformers\ntags:\n- flexigpt-bench\n- {record['method']}\n"
-            f"---\n\n# Plain export of a {record['method']} model\n\n"
-            f"A stock `{record['architecture']}` checkpoint (no remote code) written by "
-            f"`flexigpt export` from `{record['source']}`: {how}. Parameters "
-            f"{record['parameters']:,} (source {record['source_parameters']:,}); max |Δ logit| "
-            f"vs `flexigpt.load_compressed` on the source: {diff:.3g}. Full record: "
-            f"`{EXPORT_RECORD}`; the source directory's README.md and manifest.json describe "
-            "the compression.\n")
+        _write_readme(tmp, record)
     return record
+
+
+def _write_readme(directory: Path, record: dict[str, Any]) -> None:
+    """``directory/README.md``: a short card for the plain export described by ``record``
+    (the export record written beside it)."""
+    (directory / "README.md").write_text(
+        f"---\nlibrary_name: transformers\ntags:\n- flexigpt-bench\n- {record['method']}\n"
+        f"---\n\n# Plain export of a {record['method']} model\n\n"
+        f"A stock `{record['architecture']}` checkpoint (no remote code) written by "
+        f"`flexigpt export` from `{record['source']}`: {record['how']}. Parameters "
+        f"{record['parameters']:,} (source {record['source_parameters']:,}); max |Δ logit| "
+        f"vs `flexigpt.load_compressed` on the source: {record['max_abs_logit_diff']:.3g}. "
+        f"Full record: `{EXPORT_RECORD}`; the source directory's README.md and manifest.json "
+        "describe the compression.\n")

@@ -17,13 +17,16 @@ draft's cache that writes to the block's draft position instead.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from flexigpt.models.adapters import get_adapter
 from flexigpt.registry import methods_with
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 #: methods whose models have a self-speculative draft (``MethodFacts.speculative``)
 SPECULATIVE_METHODS = methods_with("speculative")
@@ -103,8 +106,8 @@ def skipped_blocks(method: str | None, structure: dict[str, Any] | None,
     return skip
 
 
-def build_draft(model: nn.Module, skip: list[int],
-                draft_length: int = DEFAULT_DRAFT_LENGTH) -> nn.Module:
+def build_draft(model: PreTrainedModel, skip: list[int],
+                draft_length: int = DEFAULT_DRAFT_LENGTH) -> PreTrainedModel:
     """The draft of ``model`` without the blocks ``skip`` (shares every tensor with ``model``).
 
     Args:
@@ -137,11 +140,11 @@ def build_draft(model: nn.Module, skip: list[int],
     draft.generation_config = copy.deepcopy(model.generation_config)
     set_draft_length(draft, draft_length)
     draft.eval()
-    draft.draft_kept_blocks = kept  # type: ignore[attr-defined]
+    draft.draft_kept_blocks = kept  # type: ignore[assignment]  # torch types Module.__setattr__ values as Tensor | Module; any attribute works
     return draft
 
 
-def set_draft_length(draft: nn.Module, draft_length: int) -> None:
+def set_draft_length(draft: PreTrainedModel, draft_length: int) -> None:
     """Fixed draft length ``k``: constant schedule, no confidence-based early stop."""
     gc = draft.generation_config
     gc.num_assistant_tokens = int(draft_length)

@@ -18,8 +18,11 @@ and the medians over ``repeats`` are reported. Per model:
   over the model's is ``c``, the draft-to-full cost ratio of one decode step), then
   self-speculative decoding at each draft length ``k``: acceptance rate α, tokens per round,
   tokens/s, speed-up over the model's lean plain decoding (wall time ratio; also over
-  transformers' batch-1 decoding), the bound ``(1 − α^(k+1)) / ((1 − α)(k·c + 1))``,
-  speed-up / bound, and whether its greedy tokens equal plain decoding's.
+  transformers' batch-1 decoding), the expected speed-up
+  ``(1 − α^(k+1)) / ((1 − α)(k·c + 1))`` (:func:`flexigpt.generation.figures.expected_speedup`;
+  reported as ``bound``, which measurements can exceed), speed-up / bound, and whether its
+  greedy tokens equal plain decoding's; ``few_row_route`` records the lean loops' few-row
+  linear routing (:mod:`flexigpt.generation.few_rows`).
 
 Peak RSS is process-wide (every model resident): ``peak_rss_delta_mb`` is the rise during a
 run (KV cache, activations); ``weights_mb`` the distinct storage of a model's tensors.
@@ -27,6 +30,7 @@ run (KV cache, activations); ``weights_mb`` the distinct storage of a model's te
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import threading
@@ -37,9 +41,11 @@ from typing import Any
 
 import torch
 
-from flexigpt.generation import (DEFAULT_DRAFT_LENGTH, Generator, decode_rates, rss_bytes,
-                                 speculative_bound)
-from flexigpt.generation.speculative import mm_form_is_faster
+from flexigpt.devices import model_device
+from flexigpt.generation.draft import DEFAULT_DRAFT_LENGTH
+from flexigpt.generation.few_rows import few_row_route
+from flexigpt.generation.figures import decode_rates, expected_speedup, rss_bytes
+from flexigpt.generation.generator import Generator
 
 #: the paper's figure: self-speculative decoding is 30.11 % faster than plain FlexiGPT decoding
 PAPER_SPECULATIVE_SPEEDUP = 0.3011
@@ -50,7 +56,7 @@ SPEC_KEYS = ("wall_s", "tokens_per_s", "alpha", "accepted_fraction", "tokens_per
              "draft_forwards", "full_forwards", "rounds", "peak_rss_mb", "peak_rss_delta_mb")
 
 
-def default_prompts(path: str | Path, n: int, max_words: int = 40) -> list[str]:
+def default_prompts(path: str | os.PathLike, n: int, max_words: int = 40) -> list[str]:
     """The first sentence (at most ``max_words`` words) of each of the first ``n`` documents
     (blank-line separated) of a text file.
 
@@ -129,11 +135,14 @@ _SUMS = ("wall_s", "prefill_s", "decode_s", "decode_steps", "new_tokens", "promp
 
 def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One run's statistics from its chunks' ``generate`` stats: sums of :data:`_SUMS`,
-    maxima of the peak RSS figures, and the ratios recomputed from the sums."""
+    maxima of the peak RSS figures, the ratios recomputed from the sums, and the first
+    chunk's ``few_row_route`` where the chunks have one (lean runs)."""
     out = {k: sum(p[k] for p in parts) for k in _SUMS if k in parts[0]}
     for key in ("peak_rss_mb", "peak_rss_delta_mb"):
         out[key] = max(p[key] for p in parts)
     out.update(decode_rates(out, parts[0]["batch_size"]))
+    if "few_row_route" in parts[0]:
+        out["few_row_route"] = parts[0]["few_row_route"]
     return out
 
 
@@ -157,11 +166,32 @@ def measure_decode(gens: dict[str, Generator], prompts: list[str], new_tokens: i
     ``speculative`` (None, or ``c``, ``per_token_ms`` / ``draft_per_token_ms`` (lean
     loops), ``lean`` (medians of :data:`PLAIN_KEYS`), ``draft`` info, ``by_k``: {k: medians
     of :data:`SPEC_KEYS` + speedup, speedup_vs_transformers, bound, fraction_of_bound,
-    identical}, ``best_k``, ``identical``, ``paper_faster_fraction``).
+    identical}, ``best_k``, ``identical``, ``paper_faster_fraction``, ``few_row_route``).
 
     Raises:
         ValueError: no generators or prompts, or a non-positive size.
     """
+    ks, chosen = _check_plan(gens, prompts, new_tokens, batch, repeats, draft_lengths,
+                             speculative)
+    for g in gens.values():  # the lean loops' one-time BLAS timing, outside every timed run
+        few_row_route(model_device(g.model))
+    drafts = {name: Generator((gens[name].draft(ks[0]), gens[name].tokenizer, None))
+              for name in chosen}
+    kinds = {name: ["b1"] + (["bb"] if batched else []) + (["lean", "draft"] + [f"k{k}" for k in ks]
+                                   if name in drafts else []) for name in gens}
+    chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+    runs, tokens = _run_repeats(gens, drafts, kinds, chunks, new_tokens, batch, repeats,
+                                on_round)
+    return [_entry(name, g, runs[name], tokens[name], len(prompts), batch, ks,
+                   ref=runs[next(iter(gens))]["b1"])
+            for name, g in gens.items()]
+
+
+def _check_plan(gens: dict[str, Generator], prompts: list[str], new_tokens: int, batch: int,
+                repeats: int, draft_lengths: Sequence[int],
+                speculative: Sequence[str] | None) -> tuple[list[int], list[str]]:
+    """Validate :func:`measure_decode`'s arguments; returns the draft lengths and the names
+    of the models decoded self-speculatively. Raises ValueError as it documents."""
     if not gens or not prompts:
         raise ValueError("measure_decode needs at least one model and one prompt")
     for what, value in (("new_tokens", new_tokens), ("batch", batch), ("repeats", repeats)):
@@ -175,17 +205,23 @@ def measure_decode(gens: dict[str, Generator], prompts: list[str], new_tokens: i
     bad = [n for n in chosen if n not in gens or not gens[n].supports_speculative()]
     if bad:
         raise ValueError(f"no self-speculative draft for {bad} (FlexiGPT models only)")
-    mm_form_is_faster()  # the lean loops' one-time BLAS timing, outside every timed run
-    drafts = {name: Generator((gens[name].draft(ks[0]), gens[name].tokenizer, None))
-              for name in chosen}
-    kinds = {name: ["b1"] + (["bb"] if batched else []) + (["lean", "draft"] + [f"k{k}" for k in ks]
-                                   if name in drafts else []) for name in gens}
-    runs = {name: {kind: [] for kind in kinds[name]} for name in gens}
+    return ks, chosen
+
+
+def _run_repeats(gens: dict[str, Generator], drafts: dict[str, Generator],
+                 kinds: dict[str, list[str]], chunks: list[list[str]], new_tokens: int,
+                 batch: int, repeats: int, on_round: Any
+                 ) -> tuple[dict[str, dict[str, list]], dict[str, dict[str, list]]]:
+    """Every model's measurements of ``kinds``, repeat → chunk → model → run (see the module
+    docstring). Returns, per model and kind, the combined stats of each repeat and the token
+    ids of the last repeat."""
+    runs: dict[str, dict[str, list]] = {name: {kind: [] for kind in kinds[name]} for name in gens}
     tokens: dict[str, dict[str, list]] = {name: {} for name in gens}
-    chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     for rep in range(repeats):
-        parts = {name: {kind: [] for kind in kinds[name]} for name in gens}
-        ids = {name: {kind: [] for kind in kinds[name]} for name in gens}
+        parts: dict[str, dict[str, list]] = {name: {kind: [] for kind in kinds[name]}
+                                             for name in gens}
+        ids: dict[str, dict[str, list]] = {name: {kind: [] for kind in kinds[name]}
+                                           for name in gens}
         seconds = {name: 0.0 for name in gens}
         for chunk in chunks:
             for name, g in gens.items():
@@ -201,9 +237,7 @@ def measure_decode(gens: dict[str, Generator], prompts: list[str], new_tokens: i
             tokens[name] = ids[name]
             if on_round is not None:
                 on_round(rep, name, runs[name]["b1"][-1], seconds[name])
-    return [_entry(name, g, runs[name], tokens[name], len(prompts), batch, ks,
-                   ref=runs[next(iter(gens))]["b1"])
-            for name, g in gens.items()]
+    return runs, tokens
 
 
 def _run(g: Generator, draft: Generator | None, kind: str, prompts: list[str],
@@ -216,6 +250,7 @@ def _run(g: Generator, draft: Generator | None, kind: str, prompts: list[str],
     if kind == "lean":
         return timed(g, prompts, new_tokens, engine="lean")
     if kind == "draft":
+        assert draft is not None  # "draft" is measured only for models with a draft
         return timed(draft, prompts, new_tokens, engine="lean")
     return timed(g, prompts, new_tokens, speculative=True, draft_length=int(kind[1:]),
                  engine="lean")
@@ -240,7 +275,7 @@ def _entry(name: str, g: Generator, r: dict[str, list], tokens: dict[str, list],
     for k in ks:
         sp = median_of(r[f"k{k}"], SPEC_KEYS)
         speedup = lean["wall_s"] / sp["wall_s"]
-        bound = speculative_bound(sp["alpha"], k, c)
+        bound = expected_speedup(sp["alpha"], k, c)
         by_k[str(k)] = {**sp, "k": k, "speedup": speedup,
                         "speedup_vs_transformers": b1["wall_s"] / sp["wall_s"],
                         "bound": bound, "fraction_of_bound": speedup / bound,
@@ -250,5 +285,6 @@ def _entry(name: str, g: Generator, r: dict[str, list], tokens: dict[str, list],
         "c": c, "per_token_ms": lean["per_token_ms"], "draft_per_token_ms": d["per_token_ms"],
         "lean": lean, "draft": g.draft_info, "by_k": by_k, "best_k": int(best),
         "identical": all(v["identical"] for v in by_k.values()),
-        "paper_faster_fraction": PAPER_SPECULATIVE_SPEEDUP}
+        "paper_faster_fraction": PAPER_SPECULATIVE_SPEEDUP,
+        "few_row_route": r["lean"][0]["few_row_route"]}
     return entry

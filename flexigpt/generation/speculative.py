@@ -3,7 +3,7 @@
 Transformers' assisted generation calls the draft's whole ``generate`` once per round (its
 set-up, logits processors and stopping criteria every time) and re-slices both caches; on a
 small CPU model whose decode step is tens of milliseconds that overhead costs as much as the
-speed-up the draft buys (measured: 48-50 % of the bound). These loops do only what the
+speed-up the draft buys (measured: 48-50 % of the expected speed-up). These loops do only what the
 method needs, on one sequence (batch 1) with a KV cache each for the model and the draft:
 
 * :func:`greedy_decode` — one forward per token; the like-for-like baseline of
@@ -16,90 +16,27 @@ method needs, on one sequence (batch 1) with a KV cache each for the model and t
   float rounding of a ``k + 1``-token forward against one-token forwards, which the tests
   check on tiny models and the benchmark on SmolLM2).
 
-Cost per round: ``k`` draft forwards + one model forward, the ``(k·c + 1)`` of the bound
-``(1 − α^(k+1)) / ((1 − α)(k·c + 1))`` (:func:`flexigpt.generation.speculative_bound`). The
-bound assumes what holds for memory-bound decoding: a forward of ``k + 1`` tokens costs
-about one of a single token, since every weight is read once either way. Which product
-honours that depends on the CPU's BLAS: on the AMD EPYC measured first, ``F.linear`` with 2-8
-input rows cost 1.5-2.8× the one-row call (SmolLM2's LM head 44.6 ms for 2 rows against
-15.9 ms for one) while ``(W @ xᵀ)ᵀ`` streamed the weight once (12.4 ms for 2 rows); on an
-Intel Xeon it is the reverse (LM head: ``F.linear`` 4.2 ms for 2 rows, 4.1 for one;
-``(W @ xᵀ)ᵀ`` 9.4 ms). :func:`few_row_linears` therefore times both forms once per process
-(:func:`mm_form_is_faster`) and routes 2-8-row calls to ``(W @ xᵀ)ᵀ`` only where it wins;
-one-row calls, and prompts of more rows, keep ``F.linear``.
+Cost per round: ``k`` draft forwards + one model forward, the ``(k·c + 1)`` of the
+expected speed-up ``(1 − α^(k+1)) / ((1 − α)(k·c + 1))``
+(:func:`flexigpt.generation.figures.expected_speedup`), which assumes that a forward of
+``k + 1`` tokens costs about one of a single token. Where the CPU's BLAS breaks that for
+``F.linear`` of a few rows, the loops route the few-row products of the model's (and the
+draft's) own linears to ``(W @ xᵀ)ᵀ`` for the duration of the call
+(:func:`flexigpt.generation.few_rows.routed_linears`): the decision is the ``route``
+argument (default: :func:`~flexigpt.generation.few_rows.few_row_route` of the prompt's
+device, never on CUDA) and is recorded in ``DecodeResult.few_row_route``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-#: ``F.linear`` calls with more than one and at most this many input rows take the
-#: ``(W @ xᵀ)ᵀ`` form inside :func:`few_row_linears` (where that form is faster)
-FEW_ROWS = 8
-
-_MM_FASTER: dict[int, bool] = {}  # torch thread count -> the timing's verdict
-
-
-def mm_form_is_faster() -> bool:
-    """Whether ``(W @ xᵀ)ᵀ`` beats ``F.linear`` by ≥ 10 % for a 2-row product with a weight
-    streamed from memory (two 8192 × 1024 fp32 weights, 32 MB each, used in turn), on the
-    CPU at the current torch thread count. Timed once per thread count and process (best of
-    5 interleaved pairs, ~0.1 s)."""
-    threads = torch.get_num_threads()
-    if threads not in _MM_FASTER:
-        gen = torch.Generator().manual_seed(0)
-        weights = [torch.randn(8192, 1024, generator=gen) for _ in range(2)]
-        x = torch.randn(2, 1024, generator=gen)
-        best = {"linear": float("inf"), "mm": float("inf")}
-        with torch.inference_mode():
-            for i in range(6):
-                for form in ("linear", "mm"):
-                    w = weights[i % 2]
-                    tic = time.perf_counter()
-                    F.linear(x, w) if form == "linear" else torch.mm(w, x.t()).t().contiguous()
-                    if i:  # the first pair warms up
-                        best[form] = min(best[form], time.perf_counter() - tic)
-        _MM_FASTER[threads] = best["mm"] < 0.9 * best["linear"]
-    return _MM_FASTER[threads]
-
-
-@contextlib.contextmanager
-def few_row_linears(max_rows: int = FEW_ROWS, route: bool | None = None) -> Iterator[None]:
-    """Within the block, ``torch.nn.functional.linear`` of an input ``x [..., in]`` with
-    ``1 < rows ≤ max_rows`` (rows = all but the last dim) computes ``(W @ xᵀ)ᵀ + b``
-    (mathematically ``F.linear``; equal up to float summation order) when ``route`` is
-    true; ``route`` None = where :func:`mm_form_is_faster` says so on this machine, False =
-    ``F.linear`` untouched. Every ``nn.Linear`` and the adapters of
-    :class:`~flexigpt.methods.sharing.SharedLoRALinear` call ``F.linear``. Not thread-safe:
-    it swaps the module attribute for the duration."""
-    if not (mm_form_is_faster() if route is None else route):
-        yield
-        return
-    original = F.linear
-
-    def linear(x: torch.Tensor, weight: torch.Tensor,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.dim() > 1 else 1
-        if not 1 < rows <= max_rows:
-            return original(x, weight, bias)
-        y = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
-        if bias is not None:
-            y = y + bias
-        return y.contiguous().view(*x.shape[:-1], weight.shape[0])
-
-    F.linear = linear
-    try:
-        yield
-    finally:
-        F.linear = original
+from flexigpt.generation.few_rows import few_row_route, routed_linears
 
 
 @dataclass
@@ -109,7 +46,9 @@ class DecodeResult:
     ``rounds``, ``drafted``, ``accepted``, ``rejections`` count verification rounds
     (speculative only: ``rejections`` = rounds in which the model disagreed with a drafted
     token); ``full_forwards`` / ``draft_forwards`` count forward passes; ``prefill_s`` is the
-    time of the model's first forward (the draft's prompt forward is decode-side work).
+    time of the model's first forward (the draft's prompt forward is decode-side work);
+    ``few_row_route`` is the loops' few-row linear routing decision
+    (:mod:`flexigpt.generation.few_rows`).
     """
 
     tokens: list[int]
@@ -122,6 +61,7 @@ class DecodeResult:
     accepted: int = 0
     rejections: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
+    few_row_route: bool = False
 
 
 def _step(model: nn.Module, ids: list[int] | torch.Tensor, cache: Any,
@@ -148,7 +88,8 @@ def _crop(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
-def _finish(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> tuple[list[int], bool]:
+def _finish(tokens: list[int], max_new_tokens: int,
+            eos_ids: set[int] | frozenset[int]) -> tuple[list[int], bool]:
     """``tokens`` cut at ``max_new_tokens`` and after the first EOS; whether decoding ends."""
     for i, tok in enumerate(tokens[:max_new_tokens]):
         if tok in eos_ids:
@@ -156,15 +97,34 @@ def _finish(tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> tuple[
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
+def _decide(route: bool | None, device: torch.device) -> bool:
+    """The few-row routing of a decode call: ``route`` as given, else :func:`few_row_route`
+    of ``device``."""
+    return few_row_route(device) if route is None else bool(route)
+
+
 @torch.inference_mode()
-@few_row_linears()
 def greedy_decode(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int,
                   eos_ids: set[int] | frozenset[int] = frozenset(),
-                  suppress_ids: set[int] | frozenset[int] = frozenset()) -> DecodeResult:
+                  suppress_ids: set[int] | frozenset[int] = frozenset(),
+                  route: bool | None = None) -> DecodeResult:
     """Plain greedy decoding of one prompt (``prompt_ids``: 1-D token ids) with a KV cache;
-    ``eos_ids`` end it, ``suppress_ids`` are never generated."""
+    ``eos_ids`` end it, ``suppress_ids`` are never generated. ``route``: whether the model's
+    few-row linears take ``(W @ xᵀ)ᵀ`` (:func:`~flexigpt.generation.few_rows.routed_linears`;
+    None: :func:`~flexigpt.generation.few_rows.few_row_route` of the prompt's device)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+    route = _decide(route, prompt_ids.device)
+    with routed_linears([model], route):
+        res = _greedy(model, prompt_ids, max_new_tokens, eos_ids, suppress_ids)
+    res.few_row_route = route
+    return res
+
+
+def _greedy(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: int,
+            eos_ids: set[int] | frozenset[int],
+            suppress_ids: set[int] | frozenset[int]) -> DecodeResult:
+    """The loop of :func:`greedy_decode`."""
     device = prompt_ids.device
     tic = time.perf_counter()
     logits, cache = _step(model, prompt_ids, None, device)
@@ -181,24 +141,36 @@ def greedy_decode(model: nn.Module, prompt_ids: torch.Tensor, max_new_tokens: in
 
 
 @torch.inference_mode()
-@few_row_linears()
 def speculative_decode(model: nn.Module, draft: nn.Module, prompt_ids: torch.Tensor,
                        max_new_tokens: int, draft_length: int,
                        eos_ids: set[int] | frozenset[int] = frozenset(),
-                       suppress_ids: set[int] | frozenset[int] = frozenset()) -> DecodeResult:
+                       suppress_ids: set[int] | frozenset[int] = frozenset(),
+                       route: bool | None = None) -> DecodeResult:
     """Greedy self-speculative decoding of one prompt (``prompt_ids``: 1-D token ids).
 
     ``draft`` is a causal LM over the same vocabulary (here: the model without its shared
     blocks, :func:`flexigpt.generation.draft.build_draft`); it proposes ``draft_length``
     tokens per round, the model verifies them in one forward. Returns the model's greedy
     continuation (cut after EOS / at ``max_new_tokens``; ``suppress_ids`` never generated,
-    by the model or the draft) with the round statistics.
+    by the model or the draft) with the round statistics. ``route`` as in
+    :func:`greedy_decode`, for the model's and the draft's linears.
     """
     if max_new_tokens < 1 or draft_length < 1:
         raise ValueError(f"max_new_tokens and draft_length must be ≥ 1, got "
                          f"{max_new_tokens}, {draft_length}")
+    route = _decide(route, prompt_ids.device)
+    with routed_linears([model, draft], route):
+        res = _speculative(model, draft, prompt_ids, max_new_tokens, int(draft_length),
+                           eos_ids, suppress_ids)
+    res.few_row_route = route
+    return res
+
+
+def _speculative(model: nn.Module, draft: nn.Module, prompt_ids: torch.Tensor,
+                 max_new_tokens: int, k: int, eos_ids: set[int] | frozenset[int],
+                 suppress_ids: set[int] | frozenset[int]) -> DecodeResult:
+    """The loop of :func:`speculative_decode` (``k``: the draft length)."""
     device = prompt_ids.device
-    k = int(draft_length)
     tic = time.perf_counter()
     logits, full_cache = _step(model, prompt_ids, None, device)
     res = DecodeResult(tokens=[int(_pick(logits[-1], suppress_ids))], full_forwards=1)

@@ -24,8 +24,15 @@ from torch import nn
 
 from flexigpt.artifacts import empty_model
 from flexigpt.methods.sharing import adapter_trainable
-from flexigpt.methods.surgery import (OUTPUT_NORM_EPS, default_rank, init_standard_,
-                                      matrix_ranks, repeat_shell, share_block, sharing_summary)
+from flexigpt.methods.surgery import (
+    OUTPUT_NORM_EPS,
+    default_rank,
+    init_standard_,
+    matrix_ranks,
+    repeat_shell,
+    share_block,
+    sharing_summary,
+)
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
@@ -118,6 +125,7 @@ def apply_layout(model: nn.Module, layout: list[int], ranks: dict[str, int],
     Repeats get zero adapters, or standard LoRA init when ``initialise``.
     """
     adapter = get_adapter(model)
+    config: Any = model.config  # an HF config: its fields vary by family
     blocks = list(adapter.layers(model))
     seen: set[int] = set()
     new_blocks, repeats = [], []
@@ -126,8 +134,8 @@ def apply_layout(model: nn.Module, layout: list[int], ranks: dict[str, int],
             seen.add(src)
             new_blocks.append(blocks[src])
             continue
-        shell = repeat_shell(blocks[src], adapter, model.config)
-        modules = share_block(shell, blocks[src], adapter, model.config.hidden_size, ranks,
+        shell = repeat_shell(blocks[src], adapter, config)
+        modules = share_block(shell, blocks[src], adapter, config.hidden_size, ranks,
                               output_norm, gamma_init, eps=eps)
         if initialise:
             for module in modules.values():
@@ -147,12 +155,14 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     adapter = get_adapter(model)
     blocks = adapter.layers(model)
     n_blocks = len(blocks)
+    assert cfg.layers is not None  # ExtendConfig.__post_init__ rejects None
     layout = extension_layout(n_blocks, cfg.layers, cfg.pattern, cfg.span)
-    ranks = matrix_ranks(adapter, blocks[0], cfg.rank or default_rank(model.config.hidden_size))
+    config: Any = model.config  # an HF config: its fields vary by family
+    ranks = matrix_ranks(adapter, blocks[0], cfg.rank or default_rank(config.hidden_size))
     dense = count_parameters(model)
     repeats = apply_layout(model, layout, ranks, cfg.output_norm, cfg.gamma_init,
                            initialise=True)
-    params = sharing_summary(model)
+    params: dict[str, float] = dict(sharing_summary(model))  # + the float "overhead"
     params["dense"] = dense
     params["overhead"] = (params["unique"] - dense) / dense
     structure = {"original_layers": n_blocks, "layout": layout, "ranks": ranks,

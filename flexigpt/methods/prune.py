@@ -25,10 +25,18 @@ from flexigpt.artifacts import empty_model
 from flexigpt.block_count import POLICIES, block_count
 from flexigpt.block_influence import lowest_blocks, scores_for, validate_scores
 from flexigpt.methods.base_selection import DISTANCES, select_bases
-from flexigpt.methods.surgery import (OUTPUT_NORM_EPS, adapter_numel, default_rank,
-                                      init_standard_, init_svd_, linear_numel, matrix_ranks,
-                                      prenorm_numel, share_block, sharing_summary)
 from flexigpt.methods.sharing import adapter_trainable
+from flexigpt.methods.surgery import (
+    OUTPUT_NORM_EPS,
+    default_rank,
+    init_standard_,
+    init_svd_,
+    matrix_ranks,
+    prenorm_numel,
+    saving_per_block,
+    share_block,
+    sharing_summary,
+)
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.registry import CompressionResult, Method, RecoveryRecipe, validate_ratio
@@ -114,26 +122,6 @@ class FlexiGPTConfig:
             raise ValueError(f"bi_batch_size must be a positive integer, got {self.bi_batch_size!r}")
 
 
-def saving_per_block(model: nn.Module, ranks: dict[str, int], output_norm: bool,
-                     prenorm: str) -> dict[str, int]:
-    """Parameter arithmetic of replacing one block (blocks are assumed homogeneous).
-
-    Returns ``removed`` (its linears, plus its pre-norms under ``share``), ``added``
-    (LoRA Σ r(in+out), plus 2·d γ's with output norm) and ``net`` = removed − added.
-    """
-    adapter = get_adapter(model)
-    blocks = adapter.layers(model)
-    shapes = {tuple(p.shape for p in b.parameters()) for b in blocks}
-    if len(shapes) != 1:
-        raise ValueError("FlexiGPT parameter accounting needs blocks of identical shapes")
-    block = blocks[0]
-    removed = linear_numel(adapter, block) + (prenorm_numel(adapter, block)
-                                              if prenorm == "share" else 0)
-    added = adapter_numel(adapter, block, ranks) + (
-        2 * model.config.hidden_size if output_norm else 0)
-    return {"removed": removed, "added": added, "net": removed - added}
-
-
 def blocks_to_prune(ratio: float, policy: str, n_blocks: int, dense_params: int,
                     net_per_block: int) -> int:
     """Number of blocks k for ``ratio`` under ``policy`` (:func:`flexigpt.block_count.block_count`
@@ -156,9 +144,9 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     t_start = time.perf_counter()
     adapter = get_adapter(model)
     blocks = adapter.layers(model)
-    hidden = model.config.hidden_size
     svd_dtype = SVD_DTYPES[cfg.svd_dtype]
-    rank = cfg.rank or default_rank(hidden)
+    config: Any = model.config  # an HF config: its fields vary by family
+    rank = cfg.rank or default_rank(config.hidden_size)
     ranks = matrix_ranks(adapter, blocks[0], rank)
     dist_ranks = matrix_ranks(adapter, blocks[0], cfg.distance_rank or rank)
     dense = count_parameters(model)
@@ -176,31 +164,11 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     timings.update(selection.timings)
 
     t0 = time.perf_counter()
-    residuals: dict[str, dict[str, float]] = {}
-    for i in pruned:
-        pruned_weights = {n: lin.weight for n, lin in adapter.block_linears(blocks[i]).items()}
-        modules = share_block(blocks[i], blocks[selection.base_map[i]], adapter, hidden, ranks,
-                              cfg.output_norm, cfg.gamma_init,
-                              share_prenorms=cfg.prenorm == "share")
-        for name, module in modules.items():
-            if cfg.lora_init == "svd":
-                residuals.setdefault(str(i), {})[name] = round(
-                    init_svd_(module, pruned_weights[name], svd_dtype), 6)
-            else:
-                init_standard_(module)
-        del pruned_weights  # the pruned linears are now unreferenced and freed
+    residuals = _replace_blocks(model, pruned, selection.base_map, ranks, cfg, svd_dtype)
     timings["surgery_init"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
 
-    params = sharing_summary(model)
-    params.update(dense=dense, removed_per_block=saving["removed"],
-                  added_per_block=saving["added"],
-                  replacement_prenorms=k * prenorm_numel(adapter, blocks[0])
-                  if cfg.prenorm == "copy" else 0,
-                  predicted=dense - k * saving["net"])
-    if params["predicted"] != params["unique"]:
-        log.warning("parameter arithmetic mismatch: predicted %d, counted %d",
-                    params["predicted"], params["unique"])
+    params = _param_summary(model, dense, saving, k, cfg.prenorm)
     structure = {"pruned_blocks": pruned,
                  "base_map": {str(i): j for i, j in selection.base_map.items()},
                  "ranks": ranks, "output_norm": cfg.output_norm,
@@ -216,12 +184,55 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     return CompressionResult(model=model, structure=structure, info=info)
 
 
+def _replace_blocks(model: nn.Module, pruned: list[int], base_map: dict[int, int],
+                    ranks: dict[str, int], cfg: FlexiGPTConfig,
+                    svd_dtype: torch.dtype) -> dict[str, dict[str, float]]:
+    """Turn each pruned block ``i`` into a weight-shared block over ``base_map[i]`` and
+    initialise its adapters (``cfg.lora_init``); returns the SVD init residuals
+    ``{str(i): {linear name: residual}}`` (empty under ``standard`` init)."""
+    adapter = get_adapter(model)
+    blocks = adapter.layers(model)
+    config: Any = model.config  # an HF config: its fields vary by family
+    residuals: dict[str, dict[str, float]] = {}
+    for i in pruned:
+        pruned_weights = {n: lin.weight for n, lin in adapter.block_linears(blocks[i]).items()}
+        modules = share_block(blocks[i], blocks[base_map[i]], adapter, config.hidden_size,
+                              ranks, cfg.output_norm, cfg.gamma_init,
+                              share_prenorms=cfg.prenorm == "share")
+        for name, module in modules.items():
+            if cfg.lora_init == "svd":
+                residuals.setdefault(str(i), {})[name] = round(
+                    init_svd_(module, pruned_weights[name], svd_dtype), 6)
+            else:
+                init_standard_(module)
+        del pruned_weights  # the pruned linears are now unreferenced and freed
+    return residuals
+
+
+def _param_summary(model: nn.Module, dense: int, saving: dict[str, int], k: int,
+                   prenorm: str) -> dict[str, int]:
+    """The manifest's parameter counts of a pruned model (:func:`sharing_summary` plus the
+    arithmetic of replacing ``k`` blocks); warns when the prediction misses the count."""
+    adapter = get_adapter(model)
+    params = sharing_summary(model)
+    params.update(dense=dense, removed_per_block=saving["removed"],
+                  added_per_block=saving["added"],
+                  replacement_prenorms=k * prenorm_numel(adapter, adapter.layers(model)[0])
+                  if prenorm == "copy" else 0,
+                  predicted=dense - k * saving["net"])
+    if params["predicted"] != params["unique"]:
+        log.warning("parameter arithmetic mismatch: predicted %d, counted %d",
+                    params["predicted"], params["unique"])
+    return params
+
+
 def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
     """Replay the surgery of ``structure`` on a dense model, with zero placeholder adapters."""
     adapter = get_adapter(model)
     blocks = adapter.layers(model)
+    config: Any = model.config  # an HF config: its fields vary by family
     for i_str, j in structure["base_map"].items():
-        share_block(blocks[int(i_str)], blocks[int(j)], adapter, model.config.hidden_size,
+        share_block(blocks[int(i_str)], blocks[int(j)], adapter, config.hidden_size,
                     structure["ranks"], structure["output_norm"], gamma_init=0.0,
                     share_prenorms=structure["prenorm"] == "share",
                     eps=structure.get("output_norm_eps", OUTPUT_NORM_EPS))

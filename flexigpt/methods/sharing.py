@@ -12,6 +12,7 @@ block's ``nn.Linear`` object itself (same storage, never copied), ``.lora_A`` ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -20,6 +21,9 @@ from torch import nn
 
 #: forward implementations of :class:`SharedLoRALinear` (see ``benchmarks/bench_flexigpt.py``)
 FORWARD_MODES = ("naive", "addmm", "merged", "auto")
+
+#: ``linear_fn(x, weight, bias=None)``: ``x [..., in]``, ``weight [out, in]`` → ``[..., out]``
+LinearFn = Callable[..., torch.Tensor]
 
 
 class SharedLoRALinear(nn.Module):
@@ -31,16 +35,21 @@ class SharedLoRALinear(nn.Module):
         lora_B: ``[out_features, r]`` adapter (becomes a trainable parameter).
         scaling: multiplier of the low-rank path (FlexiGPT uses 1).
 
-    ``forward_mode`` (class attribute, overridable per instance) picks the implementation:
-    ``naive`` (three matmuls and an add), ``addmm`` (the low-rank product is fused into the
-    add with ``torch.addmm``), ``merged`` (``W + s·B@A`` formed per call, then one matmul)
-    or ``auto``: ``merged`` for inference calls (autograd off) with more tokens than
-    ``merge_min_tokens_factor · in·out/(in+out)``, i.e. when forming the merged weight costs
-    fewer flops than the low-rank path; else ``addmm`` (under autograd ``merged`` would need
-    a full ``[out, in]`` weight gradient). All modes are mathematically equal.
+    ``forward_mode`` (instance attribute, ``auto`` by default; set it for a whole model with
+    :func:`set_forward_mode`) picks the implementation: ``naive`` (three matmuls and an
+    add), ``addmm`` (the low-rank product is fused into the add with ``torch.addmm``),
+    ``merged`` (``W + s·B@A`` formed per call, then one matmul) or ``auto``: ``merged`` for
+    inference calls (autograd off) with more tokens than ``merge_min_tokens_factor ·
+    in·out/(in+out)``, i.e. when forming the merged weight costs fewer flops than the
+    low-rank path; else ``addmm`` (under autograd ``merged`` would need a full ``[out, in]``
+    weight gradient). All modes are mathematically equal.
+
+    ``linear_fn`` (instance attribute, ``F.linear`` by default) computes every product of
+    the forward (``linear_fn(x, weight, bias=None)``, the contract of ``F.linear``); the
+    decode loops swap in their few-row form for their duration
+    (``flexigpt.generation.few_rows.routed_linears``).
     """
 
-    forward_mode: ClassVar[str] = "auto"
     merge_min_tokens_factor: ClassVar[float] = 1.0
 
     def __init__(self, base_layer: nn.Linear, lora_A: torch.Tensor, lora_B: torch.Tensor,
@@ -58,6 +67,8 @@ class SharedLoRALinear(nn.Module):
         self.lora_A = nn.Parameter(lora_A)
         self.lora_B = nn.Parameter(lora_B)
         self.scaling = float(scaling)
+        self.forward_mode = "auto"
+        self.linear_fn: LinearFn = F.linear
 
     # ---- nn.Linear-like surface ---------------------------------------------------------
     def get_base_layer(self) -> nn.Linear:
@@ -99,23 +110,39 @@ class SharedLoRALinear(nn.Module):
                 if x.numel() // x.shape[-1] > threshold:
                     mode = "merged"
         weight, bias = self.base_layer.weight, self.base_layer.bias
+        linear = self.linear_fn
         if mode == "merged":
-            return F.linear(x, torch.addmm(weight, self.lora_B, self.lora_A, alpha=self.scaling),
-                            bias)
+            return linear(x, torch.addmm(weight, self.lora_B, self.lora_A, alpha=self.scaling),
+                          bias)
         if mode == "addmm":
-            y = F.linear(x, weight, bias)
-            low = F.linear(x, self.lora_A)
+            y = linear(x, weight, bias)
+            low = linear(x, self.lora_A)
             out = torch.addmm(y.reshape(-1, y.shape[-1]), low.reshape(-1, low.shape[-1]),
                               self.lora_B.t(), alpha=self.scaling)
             return out.view(y.shape)
         if mode == "naive":
-            return F.linear(x, weight, bias) + F.linear(F.linear(x, self.lora_A),
-                                                        self.lora_B) * self.scaling
+            return linear(x, weight, bias) + linear(linear(x, self.lora_A),
+                                                    self.lora_B) * self.scaling
         raise ValueError(f"unknown SharedLoRALinear.forward_mode {mode!r}; use {FORWARD_MODES}")
 
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, r={self.rank}, "
                 f"scaling={self.scaling}")
+
+
+def set_forward_mode(model: nn.Module, mode: str) -> int:
+    """Set ``forward_mode`` of every :class:`SharedLoRALinear` in ``model`` (``model``
+    itself included) to ``mode``; returns how many were set. Other models are untouched.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`FORWARD_MODES`.
+    """
+    if mode not in FORWARD_MODES:
+        raise ValueError(f"unknown SharedLoRALinear forward mode {mode!r}; use {FORWARD_MODES}")
+    layers = [m for m in model.modules() if isinstance(m, SharedLoRALinear)]
+    for layer in layers:
+        layer.forward_mode = mode
+    return len(layers)
 
 
 class OutputNorm(nn.Module):

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import torch
-from torch import nn
+from torch import SymInt, nn
 
 from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
-from flexigpt.models.adapters import ArchAdapter
+from flexigpt.models.adapters import ArchAdapter, get_adapter
+from flexigpt.params import count_parameters
 
 #: value used by OutputNorm as variance guard; recorded in every structure
 OUTPUT_NORM_EPS = 1e-6
@@ -47,6 +49,32 @@ def adapter_numel(adapter: ArchAdapter, block: nn.Module, ranks: dict[str, int])
     """LoRA parameters a weight-shared copy of ``block`` adds: Σ r·(in + out)."""
     return sum(ranks[name] * (lin.weight.shape[0] + lin.weight.shape[1])
                for name, lin in adapter.block_linears(block).items())
+
+
+def saving_per_block(model: nn.Module, ranks: dict[str, int], output_norm: bool,
+                     prenorm: str) -> dict[str, int]:
+    """Parameter arithmetic of replacing one block of ``model`` by a weight-shared copy
+    (FlexiGPT pruning; blocks are assumed homogeneous), with LoRA ``ranks`` per linear.
+
+    Returns ``removed`` (its linears, plus its pre-norms under ``prenorm="share"``),
+    ``added`` (LoRA Σ r(in+out), plus 2·d γ's with ``output_norm``) and ``net`` = removed −
+    added.
+
+    Raises:
+        ValueError: the blocks of ``model`` differ in shape.
+    """
+    adapter = get_adapter(model)
+    blocks = adapter.layers(model)
+    shapes = {tuple(p.shape for p in b.parameters()) for b in blocks}
+    if len(shapes) != 1:
+        raise ValueError("FlexiGPT parameter accounting needs blocks of identical shapes")
+    block = blocks[0]
+    removed = linear_numel(adapter, block) + (prenorm_numel(adapter, block)
+                                              if prenorm == "share" else 0)
+    config: Any = model.config  # an HF config: its fields vary by family
+    added = adapter_numel(adapter, block, ranks) + (
+        2 * config.hidden_size if output_norm else 0)
+    return {"removed": removed, "added": added, "net": removed - added}
 
 
 def _set_child(root: nn.Module, dotted: str, module: nn.Module) -> None:
@@ -153,10 +181,8 @@ def sharing_summary(model: nn.Module) -> dict[str, int]:
     ``lora_A``/``lora_B``), ``output_norms`` (all ``gamma``), ``shared_linears`` (unique
     base linear parameters that weight-shared blocks reuse, counted once).
     """
-    from flexigpt.params import count_parameters
-
     adapters = gammas = 0
-    shared: dict[tuple[int, int], int] = {}
+    shared: dict[tuple[int, int | SymInt], int] = {}
     for module in model.modules():
         if isinstance(module, SharedLoRALinear):
             adapters += module.lora_A.numel() + module.lora_B.numel()
@@ -213,10 +239,9 @@ def check_flexigpt_rank(model: nn.Module, cfg: object) -> None:
     """:func:`check_rank` for a FlexiGPT pruning config (``rank`` None → hidden/16) on
     ``model``, and its ``distance_rank`` (when set) against the largest matrix rank of a
     block, before any work. Called by ``flexigpt.api.compress`` and the DAG's config check."""
-    from flexigpt.models.adapters import get_adapter
-
     adapter = get_adapter(model)
-    hidden = model.config.hidden_size
+    config: Any = model.config  # an HF config: its fields vary by family
+    hidden = config.hidden_size
     block = adapter.layers(model)[0]
     rank = getattr(cfg, "rank", None) or default_rank(hidden)
     check_rank(adapter, block, rank, hidden, getattr(cfg, "output_norm", True),
@@ -227,8 +252,6 @@ def check_flexigpt_rank(model: nn.Module, cfg: object) -> None:
 def check_distance_rank(model: nn.Module, cfg: object) -> None:
     """Raise ``ValueError`` (naming the largest useful value) when ``cfg.distance_rank`` is
     above the rank of every linear of a block of ``model`` (it would be clamped)."""
-    from flexigpt.models.adapters import get_adapter
-
     distance_rank = getattr(cfg, "distance_rank", None)
     if distance_rank is None:
         return

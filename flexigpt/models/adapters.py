@@ -81,7 +81,7 @@ class ArchAdapter:
             inner = attn.get_base_layer() if hasattr(attn, "get_base_layer") else attn
             if hasattr(inner, self.layer_idx_attr):
                 setattr(inner, self.layer_idx_attr, i)
-        cfg = model.config
+        cfg: Any = model.config  # an HF config: its fields vary by family
         old = cfg.num_hidden_layers
         cfg.num_hidden_layers = len(blocks)
         layer_types = getattr(cfg, "layer_types", None)
@@ -252,23 +252,24 @@ def get_adapter(model_or_config: object) -> ArchAdapter:
     """
     config = getattr(model_or_config, "config", model_or_config)
     model_type = getattr(config, "model_type", None)
-    try:
+    if isinstance(model_type, str) and model_type in ADAPTERS:
         return ADAPTERS[model_type]
-    except KeyError:
-        raise UnsupportedArchitectureError(
-            f"unsupported architecture {model_type!r}: supported model types are "
-            f"{sorted(ADAPTERS)} (add an ArchAdapter in flexigpt/models/adapters.py)"
-        ) from None
+    raise UnsupportedArchitectureError(
+        f"unsupported architecture {model_type!r}: supported model types are "
+        f"{sorted(ADAPTERS)} (add an ArchAdapter in flexigpt/models/adapters.py)"
+    )
 
 
-def _unwrap_output_norm(module: nn.Module) -> nn.Module:
+def _unwrap_output_norm(module: Any) -> Any:
     """The sub-layer inside an output-norm wrapper (``wraps_sublayer`` class attribute)."""
+    # Any: a linear, a LoRA/sharing wrapper or an output-norm wrapper (attributes by role)
     while getattr(type(module), "wraps_sublayer", False):
         module = module.inner
     return module
 
 
-def _get(obj: object, dotted: str) -> nn.Module:
+def _get(obj: Any, dotted: str) -> Any:
+    # Any: the module at a dotted path depends on the family (ModuleList, Embedding, Linear)
     for part in dotted.split("."):
         obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
-    return obj  # type: ignore[return-value]
+    return obj

@@ -1,14 +1,20 @@
-"""Loading dense models from a local checkpoint or the Hugging Face hub."""
+"""Loading dense models from a local checkpoint or the Hugging Face hub, and the family
+config of a saved model directory (:func:`family_config`), never running remote code."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from flexigpt import devices
+from flexigpt.fileio import PICKLE_SUFFIXES, verify_marker
 from flexigpt.models.adapters import get_adapter
+from flexigpt.models.checkpoint_format import KEY, base_config_dict
 
 
 class ModelLoadError(RuntimeError):
@@ -48,8 +54,6 @@ def refuse_remote_code(directory: str | os.PathLike,
     unreadable ones are left to the loaders) carry an ``auto_map``: loading it needs code
     the directory brings along, which flexigpt-bench never runs (every harness load passes
     ``trust_remote_code=False``, so transformers never asks either)."""
-    import json
-
     dicts = {}
     for name in files:
         try:
@@ -61,6 +65,31 @@ def refuse_remote_code(directory: str | os.PathLike,
         raise _remote_code_error(str(directory), what)
 
 
+def family_config(model_dir: str | os.PathLike) -> Any:
+    """The family config (``LlamaConfig`` …) of a saved dir, self-contained or plain.
+
+    Never runs the directory's code: a self-contained dir's config is rebuilt from the
+    family's own class (its ``auto_map`` is not used); a plain one that asks for remote
+    code is refused (:func:`refuse_remote_code`: ``ModelLoadError``) and every other is
+    read with ``trust_remote_code=False``.
+    """
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = Path(model_dir) / "config.json"
+    try:
+        config_dict = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):  # its own error message
+        return AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    if not isinstance(config_dict, dict) or KEY not in config_dict:
+        refuse_remote_code(model_dir, files=("config.json",))
+        return AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    base = base_config_dict(config_dict)
+    config = CONFIG_MAPPING[base["model_type"]].from_dict(base)
+    config._name_or_path = str(model_dir)
+    return config
+
+
 def _remote_code_error(where: str, what: str) -> ModelLoadError:
     return ModelLoadError(
         f"model {where!r} needs remote code ({what}), which flexigpt-bench never runs; if "
@@ -69,10 +98,8 @@ def _remote_code_error(where: str, what: str) -> ModelLoadError:
 
 def refuse_pickled_weights(directory: str | os.PathLike) -> None:
     """Raise :class:`ModelLoadError` when ``directory`` holds pickled weights
-    (:data:`flexigpt.artifacts.PICKLE_SUFFIXES`) and no safetensors: the harness loads
+    (:data:`flexigpt.fileio.PICKLE_SUFFIXES`) and no safetensors: the harness loads
     safetensors only (unpickling can run code), and transformers is told so too."""
-    from flexigpt.artifacts import PICKLE_SUFFIXES
-
     directory = Path(directory)
     names = sorted(p.name for p in directory.iterdir() if p.is_file())
     if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
@@ -89,10 +116,6 @@ def _refuse_flexigpt_without_manifest(directory: Path) -> None:
     """A compressed model written by this harness (``config.json`` with
     ``flexigpt_compression``) rebuilds only from its manifest; say so instead of letting
     transformers fail on the unknown model type."""
-    import json
-
-    from flexigpt.export.checkpoint import KEY
-
     try:
         config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
@@ -236,8 +259,6 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from flexigpt import devices
-
     device = devices.resolve_device(device)  # a bad setting fails before any loading
     spec = str(spec)
     local = Path(spec).expanduser()
@@ -258,7 +279,7 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
     tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # @wraps on HF .to: self unbound
 
 
 def _check_local(directory: Path, verify: bool) -> None:
@@ -269,6 +290,4 @@ def _check_local(directory: Path, verify: bool) -> None:
     _refuse_flexigpt_without_manifest(directory)
     refuse_pickled_weights(directory)
     if verify:
-        from flexigpt.artifacts import verify_marker
-
         verify_marker(directory)

@@ -22,11 +22,12 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-from flexigpt.artifacts import atomic_directory
+from flexigpt.fileio import atomic_directory
 from flexigpt.resources.olmes_requests import compare_rows, rows_from_requests
 from flexigpt.resources.stamp import is_current, make_key, write_stamp
 from flexigpt.resources.wheels import DEFAULT_CACHE, WHEELS, ResourceError, extract, fetch_pinned

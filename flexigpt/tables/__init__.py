@@ -1,19 +1,28 @@
 """The paper's tables and figures regenerated from result files.
 
-``build_all(results_dir, out_dir)`` is the entry point (``flexigpt tables`` on the CLI);
-``collect`` reads and validates inputs (result JSONs, timings, training logs, manifests,
-LR-sweep ``selection.json``), ``published`` holds the paper's numbers, ``build`` (Tables 1
-and 5, paper protocol, KD), ``ablation`` (Table 4), ``timing`` (Tables 6, 7) and ``sweep``
-(LR sweeps) make the tables, ``render`` writes Markdown/CSV/LaTeX, ``plots`` the figures.
-``intervals`` adds 95 % bootstrap intervals from the per-document records,
-``comparisons`` the paired differences (``comparisons.md``), ``verdicts`` the paper's claims
-decided by those intervals (``verdicts.md``), ``curves`` the per-ratio recovery curves and
-Table 1's "tokens to reach the baseline's final loss".
+``build_all(results_dir, out_dir)`` (``report``) is the entry point (``flexigpt tables`` on
+the CLI). Modules, bottom first (each imports only from those before it; no cycle):
+
+* inputs: ``schema`` (JSON checks, ``ResultFileError``), ``collect`` (discovery, result /
+  timing JSONs, training logs, manifests), ``selections`` (LR-sweep ``selection.json``),
+  ``published`` (the paper's numbers);
+* shared pieces: ``labels`` (display names, slugs), ``rows`` (row subsets of the
+  seed-aggregated frame), ``render`` (Markdown/CSV/LaTeX/HTML), ``intervals`` (95 %
+  bootstrap intervals from the per-document records), ``columns`` and ``paper_blocks``
+  (the result tables' columns, notes and paper rows);
+* tables and figures: ``sweep`` (LR sweeps), ``plots`` (figures), ``curves`` (per-ratio
+  recovery curves, Table 1's "tokens to reach the baseline"), ``build`` (Tables 1 and 5,
+  paper protocol, KD), ``ablation`` (Table 4), ``decode`` (decoding timings) and ``timing``
+  (Tables 6, 7), ``comparisons`` (paired differences, ``comparisons.md``), ``trend_fit`` /
+  ``trend`` (the gap against the recovery budget), ``decision`` / ``claim_rows`` /
+  ``timing_claims`` / ``verdicts`` (the paper's claims decided by those intervals,
+  ``verdicts.md``), ``ladder`` / ``ladder_figure`` / ``budget`` (budget ladders);
+* ``report``: ``build_all``.
 """
 
 from __future__ import annotations
 
-from flexigpt.tables.collect import ResultFileError
 from flexigpt.tables.report import build_all
+from flexigpt.tables.schema import ResultFileError
 
 __all__ = ["ResultFileError", "build_all"]

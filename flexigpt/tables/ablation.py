@@ -6,10 +6,10 @@ import logging
 
 import pandas as pd
 
-from flexigpt.tables.build import (ABLATIONS, PAPER_NOTES, display_name, paper_title,
-                                   reference_model, slug)
 from flexigpt.tables.collect import STAGES
 from flexigpt.tables.intervals import with_errors
+from flexigpt.tables.labels import ABLATIONS, display_name, slug
+from flexigpt.tables.paper_blocks import PAPER_NOTES, paper_title, reference_model
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 

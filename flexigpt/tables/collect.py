@@ -1,9 +1,10 @@
 """Read evaluation / timing JSONs, training logs and manifests into pandas frames.
 
-Every reader validates its input and raises :class:`ResultFileError` (a ``ValueError``)
-naming the offending file and key; a listed file that does not exist raises
-``FileNotFoundError`` naming it. Discovery (:func:`discover`) walks a results tree and
-classifies JSON files by content, so the DAG's file naming is not hard-coded here.
+Every reader validates its input with :mod:`flexigpt.tables.schema` and raises
+:class:`~flexigpt.tables.schema.ResultFileError` (a ``ValueError``) naming the offending file
+and key; a listed file that does not exist raises ``FileNotFoundError`` naming it.
+Discovery (:func:`discover`) walks a results tree and classifies JSON files by content, so
+the DAG's file naming is not hard-coded here.
 
 Result files may carry the comparison fields of the matched-protocol DAG (all optional, so
 older files still read): ``labels.table`` (which table the row belongs to, one of
@@ -12,20 +13,32 @@ older files still read): ``labels.table`` (which table the row belongs to, one o
 Without ``labels.table`` a row is classified by :func:`classify` (today's method/variant
 rules). A budget-ladder point (table ``budget``) also carries ``labels.budget_tokens`` (its
 token budget) and ``labels.budget_variant`` (the Table 1 variant it recovers again).
-LR-sweep records (``selection.json``) are read by :func:`read_selection`.
+LR-sweep records (``selection.json``) are found here and read by
+:func:`flexigpt.tables.selections.read_selection`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from flexigpt.tables.schema import (
+    NUMBER,
+    ResultFileError,
+    need,
+    need_choice,
+    need_count,
+    need_lr,
+    need_optional,
+    read_json,
+    read_schema1,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +68,6 @@ _SKIP_NAMES = {"config.json", "generation_config.json", "tokenizer.json",
 _MAX_JSON_BYTES = 20 << 20
 
 
-class ResultFileError(ValueError):
-    """An input file is unreadable or does not follow its schema; the message names it."""
-
-    def __init__(self, path: str | os.PathLike, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
-        self.path = Path(path)
-
-
 @dataclass
 class Inputs:
     """Files the table/plot builders read (any list may be empty)."""
@@ -72,27 +77,6 @@ class Inputs:
     train_logs: list[Path] = field(default_factory=list)
     manifests: list[Path] = field(default_factory=list)
     selections: list[Path] = field(default_factory=list)
-
-
-def _read_schema1(path: Path) -> dict[str, Any]:
-    """A JSON object with ``"schema": 1`` (ResultFileError naming the file otherwise)."""
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise ResultFileError(path, "top level must be a JSON object")
-    if _need(path, data, "schema", int) != 1:
-        raise ResultFileError(path, f"unsupported schema {data['schema']!r} (expected 1)")
-    return data
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    """Parse a JSON file; missing → FileNotFoundError, bad JSON → ResultFileError."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"result file not found: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ResultFileError(path, f"not valid JSON ({err})") from None
 
 
 def discover(results_dir: str | os.PathLike) -> Inputs:
@@ -133,32 +117,6 @@ def discover(results_dir: str | os.PathLike) -> Inputs:
     return found
 
 
-def _need(path: Path, obj: Any, key: str, types: type | tuple[type, ...], where: str = "",
-          nullable: bool = False) -> Any:
-    """``obj[key]`` checked against ``types`` (bool is never a number)."""
-    name = f"{where}{key}"
-    if not isinstance(obj, dict) or key not in obj:
-        raise ResultFileError(path, f"missing required key {name!r}")
-    value = obj[key]
-    if value is None and nullable:
-        return None
-    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise ResultFileError(path, f"{name!r} must be {types}, got {value!r}")
-    if not isinstance(value, types):
-        raise ResultFileError(path, f"{name!r} must be {types}, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ResultFileError(path, f"{name!r} is not finite: {value!r}")
-    return value
-
-
-_NUM = (int, float)
-
-
-def need_number(path: Path, obj: Any, key: str, where: str = "") -> float:
-    """``obj[key]`` as a float: required, a finite number (not a bool)."""
-    return float(_need(path, obj, key, _NUM, where))
-
-
 def classify(method: str, variant: str) -> str:
     """The table of a row without ``labels.table`` (the rules before that label existed)."""
     if method == "dense":
@@ -174,28 +132,6 @@ def classify(method: str, variant: str) -> str:
     return "main"
 
 
-def _choice(path: Path, obj: dict, key: str, allowed: tuple[str, ...], where: str) -> str | None:
-    """Optional ``obj[key]``: absent/null → None, else one of ``allowed``."""
-    if obj.get(key) is None:
-        return None
-    value = _need(path, obj, key, str, where)
-    if value not in allowed:
-        raise ResultFileError(path, f"{where}{key} must be one of {allowed}, got {value!r}")
-    return value
-
-
-def _count(path: Path, obj: dict, key: str, where: str, nullable: bool = False) -> int | None:
-    value = _need(path, obj, key, int, where, nullable=nullable)
-    if value is not None and value < 0:
-        raise ResultFileError(path, f"{where + key!r} must be >= 0, got {value!r}")
-    return value
-
-
-def _opt(path: Path, obj: dict, key: str, types: type | tuple[type, ...], where: str) -> Any:
-    """Optional ``obj[key]``: absent or null → None, else checked like :func:`_need`."""
-    return None if obj.get(key) is None else _need(path, obj, key, types, where)
-
-
 def parse_recovery(path: str | os.PathLike, rec: Any) -> dict[str, Any]:
     """A result file's ``recovery`` object → flat columns (see :data:`RECOVERY_COLUMNS`).
 
@@ -208,27 +144,28 @@ def parse_recovery(path: str | os.PathLike, rec: Any) -> dict[str, Any]:
     path, where = Path(path), "recovery."
     if not isinstance(rec, dict):
         raise ResultFileError(path, f"'recovery' must be an object or null, got {rec!r}")
-    loss = _need(path, rec, "loss", str, where)
+    loss = need(path, rec, "loss", str, where)
     if loss not in LOSSES:
         raise ResultFileError(path, f"recovery.loss must be one of {LOSSES}, got {loss!r}")
     out: dict[str, Any] = {
-        "recipe": _opt(path, rec, "recipe", str, where), "loss": loss,
-        "lr": _lr(path, rec, "lr", where, nullable=True) if "lr" in rec else None,
-        "gamma_lr": _lr(path, rec, "gamma_lr", where, nullable=True) if "gamma_lr" in rec
+        "recipe": need_optional(path, rec, "recipe", str, where), "loss": loss,
+        "lr": need_lr(path, rec, "lr", where, nullable=True) if "lr" in rec else None,
+        "gamma_lr": need_lr(path, rec, "gamma_lr", where, nullable=True) if "gamma_lr" in rec
         else None,
-        "trainable_params": _count(path, rec, "trainable_params", where, nullable=True)
+        "trainable_params": need_count(path, rec, "trainable_params", where, nullable=True)
         if "trainable_params" in rec else None,
-        "tokens": _count(path, rec, "tokens", where, nullable=True) if "tokens" in rec else None,
-        "lr_source": _opt(path, rec, "lr_source", str, where),
+        "tokens": need_count(path, rec, "tokens", where, nullable=True) if "tokens" in rec
+        else None,
+        "lr_source": need_optional(path, rec, "lr_source", str, where),
         "budget_target": None, "budget_achieved": None, "budget_rel_error": None,
         "budget_source": None}
-    budget = _opt(path, rec, "budget", dict, where)
+    budget = need_optional(path, rec, "budget", dict, where)
     if budget is not None:
         bw = "recovery.budget."
-        out.update(budget_target=_count(path, budget, "target", bw),
-                   budget_achieved=_count(path, budget, "achieved", bw),
-                   budget_rel_error=float(_need(path, budget, "rel_error", _NUM, bw)),
-                   budget_source=_opt(path, budget, "source", str, bw))
+        out.update(budget_target=need_count(path, budget, "target", bw),
+                   budget_achieved=need_count(path, budget, "achieved", bw),
+                   budget_rel_error=float(need(path, budget, "rel_error", NUMBER, bw)),
+                   budget_source=need_optional(path, budget, "source", str, bw))
     return out
 
 
@@ -245,26 +182,26 @@ def parse_result(path: str | os.PathLike) -> dict[str, Any]:
     ``recovery is not None`` when the file has ``recovery``.
     """
     path = Path(path)
-    data = _read_schema1(path)
-    _need(path, data, "method", str)
-    labels = _need(path, data, "labels", dict)
-    params = _need(path, data, "parameters", dict)
+    data = read_schema1(path)
+    need(path, data, "method", str)
+    labels = need(path, data, "labels", dict)
+    params = need(path, data, "parameters", dict)
     row: dict[str, Any] = {
         "file": str(path),
-        "model": _need(path, labels, "model", str, "labels."),
-        "method": _need(path, labels, "method", str, "labels."),
-        "variant": _need(path, labels, "variant", str, "labels."),
-        "ratio": _need(path, labels, "ratio", _NUM, "labels.", nullable=True),
-        "stage": _need(path, labels, "stage", str, "labels."),
-        "seed": _need(path, labels, "seed", int, "labels."),
-        "num_layers": _need(path, data, "num_layers", int),
-        "params_dense": _need(path, params, "dense", int, "parameters.", nullable=True),
-        "params_compressed": _need(path, params, "compressed", int, "parameters."),
-        "achieved_ratio": _need(path, params, "achieved_ratio", _NUM, "parameters.",
+        "model": need(path, labels, "model", str, "labels."),
+        "method": need(path, labels, "method", str, "labels."),
+        "variant": need(path, labels, "variant", str, "labels."),
+        "ratio": need(path, labels, "ratio", NUMBER, "labels.", nullable=True),
+        "stage": need(path, labels, "stage", str, "labels."),
+        "seed": need(path, labels, "seed", int, "labels."),
+        "num_layers": need(path, data, "num_layers", int),
+        "params_dense": need(path, params, "dense", int, "parameters.", nullable=True),
+        "params_compressed": need(path, params, "compressed", int, "parameters."),
+        "achieved_ratio": need(path, params, "achieved_ratio", NUMBER, "parameters.",
                                 nullable=True),
     }
     trained = data.get("trained_tokens")  # absent in older files: the DAG's directory layout
-    row["trained"] = (bool(_need(path, data, "trained_tokens", int)) if trained is not None
+    row["trained"] = (bool(need(path, data, "trained_tokens", int)) if trained is not None
                       else Path(str(data.get("model_dir", ""))).name == "trained")
     if row["stage"] not in STAGES:
         raise ResultFileError(path, f"labels.stage must be one of {STAGES}, got {row['stage']!r}")
@@ -272,17 +209,17 @@ def parse_result(path: str | os.PathLike) -> dict[str, Any]:
     if row["method"] == "dense":  # the uncompressed model: ratio 0 by definition
         row["ratio"] = 0.0 if row["ratio"] is None else row["ratio"]
         row["achieved_ratio"] = 0.0 if row["achieved_ratio"] is None else row["achieved_ratio"]
-    ppl = _need(path, data, "perplexity", dict, nullable=True)
-    row["ppl"] = None if ppl is None else float(_need(path, ppl, "value", _NUM, "perplexity."))
+    ppl = need(path, data, "perplexity", dict, nullable=True)
+    row["ppl"] = None if ppl is None else float(need(path, ppl, "value", NUMBER, "perplexity."))
     row["ppl_text"] = None if ppl is None else "/".join(Path(str(ppl.get("text", ""))).parts[-2:])
     row["ppl_seq_len"] = None if ppl is None else ppl.get("seq_len")
-    for task, entry in _need(path, data, "tasks", dict).items():
+    for task, entry in need(path, data, "tasks", dict).items():
         where = f"tasks.{task}."
-        value = _need(path, entry, "value", _NUM, where)
+        value = need(path, entry, "value", NUMBER, where)
         if not 0.0 <= value <= 1.0:
             raise ResultFileError(path, f"{where}value must be a fraction in [0, 1], got {value!r}")
         row[task] = 100.0 * value
-        row[f"metric:{task}"] = _need(path, entry, "metric", str, where)
+        row[f"metric:{task}"] = need(path, entry, "metric", str, where)
         row[f"n_docs:{task}"] = entry.get("n_docs")
         row[f"limit:{task}"] = entry.get("limit")
     return row
@@ -291,13 +228,13 @@ def parse_result(path: str | os.PathLike) -> dict[str, Any]:
 def _comparison_fields(path: Path, data: dict, labels: dict, row: dict) -> dict[str, Any]:
     """The optional table / protocol / recovery fields of one result file (validated)."""
     out: dict[str, Any] = dict.fromkeys(RECOVERY_COLUMNS)
-    out["labels_table"] = _choice(path, labels, "table", TABLES, "labels.")
+    out["labels_table"] = need_choice(path, labels, "table", TABLES, "labels.")
     out["table"] = out["labels_table"] or classify(row["method"], row["variant"])
-    out["protocol"] = _choice(path, labels, "protocol", PROTOCOLS, "labels.")
-    out["budget_tokens"] = _opt(path, labels, "budget_tokens", int, "labels.")
-    out["budget_variant"] = _opt(path, labels, "budget_variant", str, "labels.")
+    out["protocol"] = need_choice(path, labels, "protocol", PROTOCOLS, "labels.")
+    out["budget_tokens"] = need_optional(path, labels, "budget_tokens", int, "labels.")
+    out["budget_variant"] = need_optional(path, labels, "budget_variant", str, "labels.")
     if "blocks_pruned" in data:
-        out["blocks_pruned"] = _count(path, data, "blocks_pruned", "", nullable=True)
+        out["blocks_pruned"] = need_count(path, data, "blocks_pruned", "", nullable=True)
     if "recovery" in data:
         rec = data["recovery"]
         if rec is not None:
@@ -305,7 +242,7 @@ def _comparison_fields(path: Path, data: dict, labels: dict, row: dict) -> dict[
         row["trained"] = rec is not None
     elif row["trained"] and isinstance(data.get("trained_tokens"), int):
         out["tokens"] = data["trained_tokens"]
-    label_loss = _choice(path, labels, "loss", LOSSES, "labels.")
+    label_loss = need_choice(path, labels, "loss", LOSSES, "labels.")
     if label_loss is not None and out["loss"] is not None and label_loss != out["loss"]:
         raise ResultFileError(path, f"labels.loss {label_loss!r} disagrees with recovery.loss "
                                     f"{out['loss']!r}")
@@ -313,7 +250,7 @@ def _comparison_fields(path: Path, data: dict, labels: dict, row: dict) -> dict[
     return out
 
 
-def collect_results(paths: list[str | os.PathLike]) -> pd.DataFrame:
+def collect_results(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
     """Validated rows of all result files; duplicate (setting, seed) pairs are an error."""
     rows = [parse_result(p) for p in paths]
     df = pd.DataFrame(rows)
@@ -340,24 +277,24 @@ def parse_timing(path: str | os.PathLike) -> pd.DataFrame:
     of the reference model, 1.0 = same)."""
     path = Path(path)
     data = read_json(path)
-    if _need(path, data, "schema", int) != 1:
+    if need(path, data, "schema", int) != 1:
         raise ResultFileError(path, f"unsupported schema {data['schema']!r} (expected 1)")
-    head = {"file": str(path), "model": _need(path, data, "model", str),
-            "batch": _need(path, data, "batch", int), "seq_len": _need(path, data, "seq_len", int)}
+    head = {"file": str(path), "model": need(path, data, "model", str),
+            "batch": need(path, data, "batch", int), "seq_len": need(path, data, "seq_len", int)}
     rows = []
-    for i, entry in enumerate(_need(path, data, "rows", list)):
+    for i, entry in enumerate(need(path, data, "rows", list)):
         where = f"rows[{i}]."
-        rows.append({**head, "method": _need(path, entry, "method", str, where),
-                     "variant": _need(path, entry, "variant", str, where),
-                     "ratio": _need(path, entry, "ratio", _NUM, where, nullable=True),
-                     **{k: float(_need(path, entry, k, _NUM, where)) for k in
+        rows.append({**head, "method": need(path, entry, "method", str, where),
+                     "variant": need(path, entry, "variant", str, where),
+                     "ratio": need(path, entry, "ratio", NUMBER, where, nullable=True),
+                     **{k: float(need(path, entry, k, NUMBER, where)) for k in
                         ("seconds", "tokens_per_s", "relative_time", "relative_throughput")}})
     if not rows:
         raise ResultFileError(path, "'rows' is empty")
     return pd.DataFrame(rows)
 
 
-def collect_timings(paths: list[str | os.PathLike]) -> pd.DataFrame:
+def collect_timings(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
     """All timing rows of all files (empty frame for no files)."""
     frames = [parse_timing(p) for p in paths]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -394,8 +331,8 @@ def read_flexigpt_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
     if (not isinstance(info, dict) or data.get("method") != "flexigpt"
             or "block_influence" not in info):
         return None  # ShortGPT records BI too, but has no replacements to plot
-    scores = _need(path, info, "block_influence", list, "info.")
-    pruned = _need(path, info, "pruned_blocks", list, "info.")
+    scores = need(path, info, "block_influence", list, "info.")
+    pruned = need(path, info, "pruned_blocks", list, "info.")
     base_map = info.get("base_map") or {}
     if not isinstance(base_map, dict):
         raise ResultFileError(path, f"'info.base_map' must be an object, got {base_map!r}")
@@ -412,140 +349,3 @@ def read_flexigpt_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
             "distance_matrix": matrix}
 
 
-#: Columns of :func:`read_selection` / :func:`collect_selections` (one row per trial).
-SELECTION_COLUMNS = ("file", "run", "model", "method", "variant", "setting", "ratio", "metric",
-                     "tune_text", "tune_windows", "lr", "gamma_lr", "tune_ppl",
-                     "tune_ppl_before", "tune_ppl_final", "rung_step", "steps",
-                     "trainable_params", "tokens", "diverged", "chosen")
-
-
-def _lr(path: Path, obj: dict, key: str, where: str, nullable: bool = False) -> float | None:
-    value = _need(path, obj, key, _NUM, where, nullable=nullable)
-    if value is not None and value <= 0:
-        raise ResultFileError(path, f"{where + key!r} must be > 0, got {value!r}")
-    return None if value is None else float(value)
-
-
-def _ppl(path: Path, obj: dict, key: str, where: str) -> float:
-    """A tune PPL: a number; null, NaN and ±Infinity (a diverged trial) read as NaN / inf."""
-    if not isinstance(obj, dict) or key not in obj:
-        raise ResultFileError(path, f"missing required key {where + key!r}")
-    value = obj[key]
-    if value is None:
-        return math.nan
-    if isinstance(value, bool) or not isinstance(value, _NUM):
-        raise ResultFileError(path, f"{where + key!r} must be a number or null, got {value!r}")
-    return float(value)
-
-
-def _same_lr(a: float | None, b: float | None) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
-
-
-def _ratio_of(setting: str) -> float | None:
-    if setting.startswith("r"):
-        try:
-            return float(setting[1:])
-        except ValueError:
-            return None
-    return None
-
-
-def read_selection(path: str | os.PathLike) -> pd.DataFrame:
-    """One LR-sweep record (``selection.json`` of a run's trained model) → one row per trial
-    (:data:`SELECTION_COLUMNS`; ``chosen`` marks the selected trial).
-
-    Schema 1: ``{"schema": 1, "run": "<model>/<method>/<variant>/<setting>", "metric",
-    "tune_text", "tune_windows" (int | null), "chosen": {"lr", "gamma_lr"|null},
-    "chosen_trial" (index, optional), "trials": [{"lr", "gamma_lr"|null, "tune_ppl",
-    "tune_ppl_before", "trainable_params", "tokens", "diverged" (optional), "tune_ppl_final"
-    (optional)}], "rung": {"step", "steps"} (optional: successive halving compared the
-    trials' ``tune_ppl`` at that step)}`` (other keys, e.g. ``grid``, are ignored). A diverged trial may have null lr / PPL / counts; a tune
-    PPL may be null, NaN or Infinity. The chosen trial (``chosen_trial``, else the first
-    trial with the chosen rates) must exist, agree with ``chosen`` and not be diverged.
-    """
-    path = Path(path)
-    data = _read_schema1(path)
-    run = _need(path, data, "run", str)
-    parts = run.split("/")
-    if len(parts) != 4 or not all(parts):
-        raise ResultFileError(path, f"'run' must be '<model>/<method>/<variant>/<setting>', "
-                                    f"got {run!r}")
-    head = {"file": str(path), "run": run, "model": parts[0], "method": parts[1],
-            "variant": parts[2], "setting": parts[3], "ratio": _ratio_of(parts[3]),
-            "metric": _need(path, data, "metric", str),
-            "tune_text": _need(path, data, "tune_text", str),
-            "tune_windows": _count(path, data, "tune_windows", "", nullable=True)}
-    rung = data.get("rung")
-    if rung is not None:
-        rung = _need(path, data, "rung", dict)
-        head.update(rung_step=_count(path, rung, "step", "rung."),
-                    steps=_count(path, rung, "steps", "rung."))
-    else:
-        head.update(rung_step=None, steps=None)
-    chosen = _need(path, data, "chosen", dict)
-    pick = (_lr(path, chosen, "lr", "chosen."),
-            _lr(path, chosen, "gamma_lr", "chosen.", nullable=True)
-            if "gamma_lr" in chosen else None)
-    trials = _need(path, data, "trials", list)
-    if not trials:
-        raise ResultFileError(path, "'trials' is empty")
-    rows: list[dict[str, Any]] = []
-    for i, trial in enumerate(trials):
-        where = f"trials[{i}]."
-        if not isinstance(trial, dict):
-            raise ResultFileError(path, f"'trials[{i}]' must be an object, got {trial!r}")
-        diverged = trial.get("diverged", False)
-        if not isinstance(diverged, bool):
-            raise ResultFileError(path, f"'{where}diverged' must be true/false, got {diverged!r}")
-        rows.append({**head, "lr": _lr(path, trial, "lr", where, nullable=diverged),
-                     "gamma_lr": _lr(path, trial, "gamma_lr", where, nullable=True)
-                     if "gamma_lr" in trial else None,
-                     "tune_ppl": _ppl(path, trial, "tune_ppl", where),
-                     "tune_ppl_before": _ppl(path, trial, "tune_ppl_before", where),
-                     "tune_ppl_final": _ppl(path, trial, "tune_ppl_final", where)
-                     if "tune_ppl_final" in trial else math.nan,
-                     "trainable_params": _count(path, trial, "trainable_params", where,
-                                                nullable=True),
-                     "tokens": _count(path, trial, "tokens", where, nullable=True),
-                     "diverged": diverged, "chosen": False})
-    if data.get("chosen_trial") is not None:
-        best = _count(path, data, "chosen_trial", "")
-        if best >= len(rows):
-            raise ResultFileError(path, f"'chosen_trial' {best} is out of range "
-                                        f"({len(rows)} trials)")
-        if not (_same_lr(rows[best]["lr"], pick[0]) and _same_lr(rows[best]["gamma_lr"], pick[1])):
-            raise ResultFileError(path, f"'chosen' (lr={pick[0]!r}, gamma_lr={pick[1]!r}) is not "
-                                        f"trials[{best}] ('chosen_trial')")
-    else:
-        hits = [i for i, r in enumerate(rows)
-                if _same_lr(r["lr"], pick[0]) and _same_lr(r["gamma_lr"], pick[1])]
-        if not hits:
-            raise ResultFileError(path, f"'chosen' (lr={pick[0]!r}, gamma_lr={pick[1]!r}) is not "
-                                        "one of the trials")
-        best = hits[0]
-    if rows[best]["diverged"]:
-        raise ResultFileError(path, f"the chosen trial (trials[{best}]) diverged")
-    rows[best]["chosen"] = True
-    df = pd.DataFrame(rows, columns=list(SELECTION_COLUMNS))
-    for col in ("lr", "gamma_lr", "ratio", "trainable_params", "tokens", "tune_windows",
-                "rung_step", "steps"):
-        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    return df
-
-
-def collect_selections(paths: list[str | os.PathLike]) -> pd.DataFrame:
-    """All trials of all selection records; the same run in two files is an error."""
-    frames = [read_selection(p) for p in paths]
-    if not frames:
-        return pd.DataFrame(columns=list(SELECTION_COLUMNS))
-    seen: dict[str, str] = {}
-    for df in frames:
-        run, file = df["run"].iloc[0], df["file"].iloc[0]
-        if run in seen:
-            raise ResultFileError(file, f"duplicate selection record for run {run!r}: also in "
-                                        f"{seen[run]}")
-        seen[run] = file
-    return pd.concat(frames, ignore_index=True)

@@ -27,11 +27,11 @@ import numpy as np
 import pandas as pd
 
 from flexigpt import stats
-from flexigpt.tables.build import (METHOD_LABELS, TASK_HEADERS, lm_variant, main_rows,
-                                   row_label, table_rows)
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.intervals import RecordStore, setting_key
+from flexigpt.tables.labels import METHOD_LABELS, TASK_HEADERS, lm_variant, row_label
 from flexigpt.tables.render import Block, Table
+from flexigpt.tables.rows import main_rows, table_rows
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Comparator:
         """A − B of ``metric`` (one of :data:`METRICS`)."""
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-        if not (self.has(a) and self.has(b)):
+        if a is None or b is None or not (self.has(a) and self.has(b)):
             return Diff(NOT_RUN)
         key = (a, b, metric)
         if key not in self._cache:
@@ -103,7 +103,7 @@ class Comparator:
         ra, rb = self.store.runs(a), self.store.runs(b)
         if ra is None or rb is None:
             return Diff(NO_RECORDS)
-        kw = {"n_boot": self.n_boot, "seed": self.seed}
+        kw: dict[str, Any] = {"n_boot": self.n_boot, "seed": self.seed}
         try:
             if metric == "log_ppl":
                 if not all(r.get("perplexity") for r in ra + rb):

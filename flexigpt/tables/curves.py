@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from flexigpt.tables.build import main_rows, method_label, slug
 from flexigpt.tables.intervals import setting_key
+from flexigpt.tables.labels import method_label, slug
 from flexigpt.tables.render import si
+from flexigpt.tables.rows import main_rows
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def common_curves(logs: dict[tuple, pd.DataFrame]) -> tuple[str, dict[tuple, pd.
     one, else (``"loss"``, their :func:`smoothed` training loss)."""
     tune = {key: tune_curve(df) for key, df in logs.items()}
     if all(c is not None for c in tune.values()):
-        return PPL, tune  # type: ignore[return-value]
+        return PPL, tune
     return LOSS, {key: smoothed(df) for key, df in logs.items()}
 
 

@@ -10,13 +10,14 @@ model (its tokens/s over the row's), so plain and speculative rows compare direc
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from flexigpt.tables.collect import ResultFileError, need_number, read_json
 from flexigpt.tables.render import Block
+from flexigpt.tables.schema import ResultFileError, need_number, read_json
 
 #: the paper's claim: self-speculative decoding is 30.11 % faster than plain FlexiGPT decoding
 PAPER_SPECULATIVE_FASTER = 30.11
@@ -67,7 +68,7 @@ def parse_decode(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def collect_decodes(paths: list[str | Path]) -> pd.DataFrame:
+def collect_decodes(paths: Sequence[str | Path]) -> pd.DataFrame:
     """Decode rows of every timing JSON (empty frame when none measured decoding)."""
     frames = [f for f in (parse_decode(p) for p in paths) if not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -103,8 +104,8 @@ def decode_block(rows: pd.DataFrame, title: str, label: Any) -> Block | None:
         notes.append(f"Self-speculative: the draft is the model without its replacement/repeat "
                      f"blocks (every weight shared); its greedy output is {same} plain "
                      f"decoding. Speed-up over the same model's plain batch-1 decoding; Bound "
-                     f"= (1 − α^(k+1)) / ((1 − α)(k·c + 1)) for the measured α and draft/full "
-                     f"cost c. Paper: {PAPER_SPECULATIVE_FASTER:.2f}% faster than plain "
-                     f"FlexiGPT decoding (Llama-2-7B, 1× A100).")
+                     f"= (1 − α^(k+1)) / ((1 − α)(k·c + 1)) for the measured α and "
+                     f"draft/full cost c. Paper: {PAPER_SPECULATIVE_FASTER:.2f}% faster than "
+                     f"plain FlexiGPT decoding (Llama-2-7B, 1× A100).")
     return Block(title, frame, {k: v for k, v in KINDS.items() if k in frame.columns},
                  notes=notes)

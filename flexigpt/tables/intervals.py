@@ -20,7 +20,8 @@ from typing import Any
 import pandas as pd
 
 from flexigpt import stats
-from flexigpt.tables.collect import TASKS, read_json
+from flexigpt.tables.collect import TASKS
+from flexigpt.tables.schema import read_json
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ class RecordStore:
         if not files:
             return None
         recs = [self.records(f) for f in files]
-        return None if any(r is None for r in recs) else recs
+        kept = [r for r in recs if r is not None]
+        return kept if len(kept) == len(recs) else None
 
 
 def _pct(iv: stats.Interval) -> tuple[float, float]:

@@ -20,9 +20,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
 
-from flexigpt.tables.build import TASK_HEADERS, main_rows, method_label
 from flexigpt.tables.collect import TASKS
+from flexigpt.tables.labels import TASK_HEADERS, method_label
 from flexigpt.tables.render import sci
+from flexigpt.tables.rows import main_rows
+from flexigpt.tables.sweep import order_trials, sweep_label
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,8 @@ def save_figure(fig: Figure, out_dir: str | os.PathLike, stem: str) -> list[Path
     out.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     paths = []
-    for ext, kwargs in (("png", {"dpi": 150}), ("pdf", {})):
+    formats: tuple[tuple[str, dict[str, Any]], ...] = (("png", {"dpi": 150}), ("pdf", {}))
+    for ext, kwargs in formats:
         path = out / f"{stem}.{ext}"
         tmp = path.with_name(f".{path.name}.tmp")
         fig.savefig(tmp, format=ext, bbox_inches="tight", **kwargs)
@@ -214,8 +217,6 @@ def lr_sweep(sel: pd.DataFrame, model: str, out_dir: str | os.PathLike, stem: st
     """Tune PPL vs learning rate (log-log), one panel per ratio plus one for the other
     settings (extension, full); one line per run, and per γ LR where a run sweeps it; the
     chosen trial is ringed. Diverged (non-finite) trials are left out of the lines."""
-    from flexigpt.tables.sweep import order_trials, sweep_label
-
     rows = sel[sel["model"].eq(model)]
     if rows.empty:
         log.info("LR sweep plot for %s: no selection records; skipped", model)
@@ -231,47 +232,53 @@ def lr_sweep(sel: pd.DataFrame, model: str, out_dir: str | os.PathLike, stem: st
     fig = Figure(figsize=(5.2 * cols, 4.0 * math.ceil(n / cols)))
     axes = np.atleast_1d(fig.subplots(math.ceil(n / cols), cols, squeeze=False).ravel())
     for ax, (title, g) in zip(axes, panels):
-        with_setting = g["ratio"].isna().all()
-        for i, (key, line) in enumerate(g.groupby(["method", "variant", "setting", "gamma_lr"],
-                                                  dropna=False, sort=False)):
-            method, variant, setting, gamma = key
-            label = sweep_label(method, variant) + (f" @ {setting}" if with_setting else "")
-            if not pd.isna(gamma):
-                label += f", γ LR {sci(float(gamma))}"
-            pts = line[line["tune_ppl"].map(math.isfinite) & line["lr"].notna()
-                       & ~line["diverged"]].sort_values("lr")
-            if pts.empty:
-                continue
-            (drawn,) = ax.plot(pts["lr"], pts["tune_ppl"], marker=_MARKERS[i % len(_MARKERS)],
-                               ms=4, label=label)
-            pick = pts[pts["chosen"]]
-            if len(pick):
-                ax.plot(pick["lr"], pick["tune_ppl"], marker="o", ms=12, mfc="none", mew=2,
-                        color=drawn.get_color(), ls="none")
-        diverged = g[(g["diverged"] | ~g["tune_ppl"].map(math.isfinite)) & g["lr"].notna()]
-        if len(diverged):
-            ax.plot(diverged["lr"], [0.97] * len(diverged), transform=ax.get_xaxis_transform(),
-                    marker="x", color="tab:red", ms=7, mew=2, ls="none",
-                    label="diverged (non-finite tune PPL)")
-        ax.set_xscale("log")
-        lrs = sorted(set(g["lr"].dropna()))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticks(lrs, [sci(v) for v in lrs])
-        finite = g["tune_ppl"][g["tune_ppl"].map(math.isfinite) & g["tune_ppl"].gt(0)]
-        if len(finite) and finite.max() / finite.min() > 3:
-            log_y(ax)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("learning rate (log)", fontsize=8)
-        steps = g.dropna(subset=["rung_step", "steps"]) if "rung_step" in g else g.iloc[:0]
-        at = (f" at step {int(steps['rung_step'].iloc[0])}/{int(steps['steps'].iloc[0])}"
-              if len(steps) and steps["rung_step"].iloc[0] < steps["steps"].iloc[0] else "")
-        ax.set_ylabel(f"tune PPL{at}", fontsize=8)
-        ax.grid(alpha=0.3, which="both")
-        ax.tick_params(labelsize=8)
-        if ax.lines:
-            ax.legend(fontsize=7)
+        _sweep_panel(ax, title, g)
     for ax in axes[n:]:
         ax.axis("off")
     fig.suptitle(f"{display or model}: recovery LR sweeps (ringed = chosen)", fontsize=12)
     fig.tight_layout()
     return save_figure(fig, out_dir, stem)
+
+
+def _sweep_panel(ax: Any, title: str, g: pd.DataFrame) -> None:
+    """One panel of :func:`lr_sweep`: tune PPL vs LR of the ordered trials ``g`` (one line
+    per run and γ LR, the chosen trial ringed, diverged trials as red × at the top)."""
+    with_setting = g["ratio"].isna().all()
+    for i, (key, line) in enumerate(g.groupby(["method", "variant", "setting", "gamma_lr"],
+                                              dropna=False, sort=False)):
+        method, variant, setting, gamma = key
+        label = sweep_label(method, variant) + (f" @ {setting}" if with_setting else "")
+        if not pd.isna(gamma):
+            label += f", γ LR {sci(float(gamma))}"
+        pts = line[line["tune_ppl"].map(math.isfinite) & line["lr"].notna()
+                   & ~line["diverged"]].sort_values("lr")
+        if pts.empty:
+            continue
+        (drawn,) = ax.plot(pts["lr"], pts["tune_ppl"], marker=_MARKERS[i % len(_MARKERS)],
+                           ms=4, label=label)
+        pick = pts[pts["chosen"]]
+        if len(pick):
+            ax.plot(pick["lr"], pick["tune_ppl"], marker="o", ms=12, mfc="none", mew=2,
+                    color=drawn.get_color(), ls="none")
+    diverged = g[(g["diverged"] | ~g["tune_ppl"].map(math.isfinite)) & g["lr"].notna()]
+    if len(diverged):
+        ax.plot(diverged["lr"], [0.97] * len(diverged), transform=ax.get_xaxis_transform(),
+                marker="x", color="tab:red", ms=7, mew=2, ls="none",
+                label="diverged (non-finite tune PPL)")
+    ax.set_xscale("log")
+    lrs = sorted(set(g["lr"].dropna()))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(lrs, [sci(v) for v in lrs])
+    finite = g["tune_ppl"][g["tune_ppl"].map(math.isfinite) & g["tune_ppl"].gt(0)]
+    if len(finite) and finite.max() / finite.min() > 3:
+        log_y(ax)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("learning rate (log)", fontsize=8)
+    steps = g.dropna(subset=["rung_step", "steps"]) if "rung_step" in g else g.iloc[:0]
+    at = (f" at step {int(steps['rung_step'].iloc[0])}/{int(steps['steps'].iloc[0])}"
+          if len(steps) and steps["rung_step"].iloc[0] < steps["steps"].iloc[0] else "")
+    ax.set_ylabel(f"tune PPL{at}", fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    ax.tick_params(labelsize=8)
+    if ax.lines:
+        ax.legend(fontsize=7)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from flexigpt.tables.collect import TASKS, ResultFileError
+from flexigpt.tables.collect import TASKS
+from flexigpt.tables.schema import ResultFileError
 
 log = logging.getLogger(__name__)
 

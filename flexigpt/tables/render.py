@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.artifacts import atomic_write_text
+from flexigpt.fileio import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,10 @@ def _cell(block: Block, col: str, v: Any) -> str:
 def _error(block: Block, col: str, i: int, v: Any) -> str:
     """`` ±hw`` of row ``i`` in ``col`` ("" when no half-width or no value)."""
     hw = block.errors.get(col)
-    if hw is None or _missing(v) or i >= len(hw) or hw[i] is None or _missing(hw[i]):
+    h = hw[i] if hw is not None and i < len(hw) else None
+    if h is None or _missing(v) or _missing(h):
         return ""
-    h = float(hw[i])
+    h = float(h)
     return f" ±{h:.1f}" if abs(h) < 1e4 else f" ±{h:.1e}"
 
 
@@ -163,7 +164,8 @@ def tex_escape(text: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
                  ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("–", "--"),
                  ("†", r"$^\dagger$"), ("Δ", r"$\Delta$"), ("−", "-"), ("×", r"$\times$"),
-                 ("γ", r"$\gamma$"), ("±", r"$\pm$"), ("≈", r"$\approx$"), ("✓", r"$\checkmark$")):
+                 ("γ", r"$\gamma$"), ("±", r"$\pm$"), ("≈", r"$\approx$"),
+                 ("✓", r"$\checkmark$")):
         text = text.replace(a, b)
     return text.replace(r"\textbackslash\{\}", r"\textbackslash{}")
 

@@ -6,21 +6,31 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from flexigpt.artifacts import atomic_write_text
-from flexigpt.tables import ablation, build, curves, sweep, timing
+from flexigpt.fileio import atomic_write_text
+from flexigpt.tables import ablation, build, sweep, timing
+from flexigpt.tables.build import aggregate
+from flexigpt.tables.collect import (
+    Inputs,
+    collect_results,
+    collect_timings,
+    discover,
+    read_flexigpt_manifest,
+    read_train_log,
+)
 from flexigpt.tables.comparisons import Comparator, comparison_table
-from flexigpt.tables.collect import (Inputs, collect_results, collect_selections,
-                                     collect_timings, discover, read_flexigpt_manifest,
-                                     read_train_log)
+from flexigpt.tables.curves import add_reach, recovery_by_ratio
 from flexigpt.tables.decode import collect_decodes
-from flexigpt.tables.published import load_published
 from flexigpt.tables.intervals import RecordStore, add_intervals
-from flexigpt.tables.render import html_page, to_markdown, write_table
+from flexigpt.tables.labels import slug
+from flexigpt.tables.published import load_published
+from flexigpt.tables.render import Table, html_page, to_markdown, write_table
+from flexigpt.tables.selections import collect_selections
 from flexigpt.tables.verdicts import verdict_table
 
 log = logging.getLogger(__name__)
@@ -92,68 +102,127 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     bad = {k: v for k, v in names.items() if not isinstance(k, str) or not isinstance(v, str)}
     if bad:
         raise ValueError(f"model_names must map model keys to display names (str), got {bad!r}")
+    data = _read_all(inputs, published, root, make_plots)
+    out = Path(out_dir)
+    models = list(dict.fromkeys(data.agg["model"])) if not data.agg.empty else []
+    if not models:
+        log.info("no evaluation results: tables 1, 4, 5 skipped")
+    written, summary = _result_tables(data, models, names, out, formats)
+    written += _timing_and_sweep_tables(data, names, out, formats)
+    written += _report_pages(summary, out, formats)
+    if make_plots:
+        written += _figures(data.agg, data.logs, data.records, root, out, names)
+        written += _sweep_figures(data.sel, out, names)
+    index = out / "index.txt"
+    atomic_write_text(index, "".join(f"{p.relative_to(out)}\n" for p in written))
+    log.info("wrote %d files to %s", len(written), out)
+    return written
+
+
+@dataclass
+class _Loaded:
+    """Everything :func:`build_all` reads, read before anything is written so that a bad
+    file fails fast: published numbers, the seed-aggregated frame (with intervals and the
+    "tokens to reach" column) and its record store, timings, decoding timings, LR-sweep
+    trials, training logs by label and the FlexiGPT manifest records (figures only)."""
+
+    pub: pd.DataFrame
+    store: RecordStore
+    agg: pd.DataFrame
+    times: pd.DataFrame
+    decodes: pd.DataFrame
+    sel: pd.DataFrame
+    logs: dict[str, pd.DataFrame]
+    records: list[tuple[Path, dict[str, Any]]]
+
+
+def _read_all(inputs: Inputs, published: str | os.PathLike | None, root: Path | None,
+              make_plots: bool) -> _Loaded:
+    """Read and validate every input of :func:`build_all` (figure inputs included)."""
     pub = load_published(published)
     df = collect_results(inputs.results)
     store = RecordStore(df)
-    agg = add_intervals(build.aggregate(df), store) if not df.empty else pd.DataFrame()
+    agg = add_intervals(aggregate(df), store) if not df.empty else pd.DataFrame()
     times = collect_timings(inputs.timings)
     decodes = collect_decodes(inputs.timings)
     sel = collect_selections(inputs.selections)
-    # Read every figure input before writing anything, so a bad file fails fast.
     logs = {_label(p, root): read_train_log(p) for p in inputs.train_logs}
     if not agg.empty:
-        agg = curves.add_reach(agg, logs)
+        agg = add_reach(agg, logs)
     records = [(p, r) for p in inputs.manifests
                if (r := read_flexigpt_manifest(p)) is not None] if make_plots else []
-    out = Path(out_dir)
+    return _Loaded(pub, store, agg, times, decodes, sel, logs, records)
+
+
+def _result_tables(data: _Loaded, models: list[str], names: Mapping[str, str], out: Path,
+                   formats: tuple[str, ...]) -> tuple[list[Path], list[Table]]:
+    """Write ``verdicts`` / ``comparisons`` (never as LaTeX), then Tables 1, paper protocol,
+    KD, 4 and 5 per model; returns (files written, the tables for ``report.md``)."""
     written: list[Path] = []
-    models = list(dict.fromkeys(agg["model"])) if not agg.empty else []
-    if not models:
-        log.info("no evaluation results: tables 1, 4, 5 skipped")
-    summary = []
+    summary: list[Table] = []
     if models:
-        comp = Comparator(store)
-        for table in (verdict_table(agg, pub, times, comp, models, decodes),
-                      comparison_table(agg, comp, models)):
+        comp = Comparator(data.store)
+        for table in (verdict_table(data.agg, data.pub, data.times, comp, models, data.decodes),
+                      comparison_table(data.agg, comp, models)):
             if table is not None:
                 written += write_table(table, out, tuple(f for f in formats if f != "tex"))
                 summary.append(table)
     for model in models:
         for builder in (build.table1, build.paper_protocol_table, build.kd_table,
                         ablation.table4, build.table5):
-            table = builder(agg, pub, model, display=names.get(model))
+            table = builder(data.agg, data.pub, model, display=names.get(model))
             if table is not None:
                 written += write_table(table, out, formats)
                 summary.append(table)
+    return written, summary
+
+
+def _sweep_models(sel: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(sel["model"])) if not sel.empty else []
+
+
+def _timing_and_sweep_tables(data: _Loaded, names: Mapping[str, str], out: Path,
+                             formats: tuple[str, ...]) -> list[Path]:
+    """Write Tables 6 and 7 per timed model and the LR-sweep table per swept model (Markdown
+    and CSV only); returns the files written."""
+    written: list[Path] = []
+    times = data.times
     for model in (list(dict.fromkeys(times["model"])) if not times.empty else []):
         for number in (6, 7):
-            table = timing.timing_table(times, pub, model, number, display=names.get(model),
-                                        decodes=decodes)
+            table = timing.timing_table(times, data.pub, model, number,
+                                        display=names.get(model), decodes=data.decodes)
             if table is not None:
                 written += write_table(table, out, formats)
-    sweep_models = list(dict.fromkeys(sel["model"])) if not sel.empty else []
     sweep_formats = tuple(f for f in formats if f in ("md", "csv"))
-    for model in sweep_models:
-        table = sweep.sweep_table(sel, model, names.get(model))
+    for model in _sweep_models(data.sel):
+        table = sweep.sweep_table(data.sel, model, names.get(model))
         if table is not None and sweep_formats:
             written += write_table(table, out, sweep_formats)
-    if summary and "md" in formats:
-        report = out / "report.md"
-        atomic_write_text(report, f"# {REPORT_TITLE}\n\n"
-                          + "\n".join(to_markdown(t) for t in summary))
-        page = out / "report.html"  # the same tables, for the Snakemake HTML report
-        atomic_write_text(page, html_page(REPORT_TITLE, summary))
-        written += [report, page]
-    if make_plots:
-        written += _figures(agg, logs, records, root, out, names)
-        for model in sweep_models:
-            from flexigpt.tables import plots
+    return written
 
-            written += plots.lr_sweep(sel, model, out, f"fig_lr_sweep_{build.slug(model)}",
-                                      names.get(model))
-    index = out / "index.txt"
-    atomic_write_text(index, "".join(f"{p.relative_to(out)}\n" for p in written))
-    log.info("wrote %d files to %s", len(written), out)
+
+def _report_pages(summary: list[Table], out: Path, formats: tuple[str, ...]) -> list[Path]:
+    """``report.md`` (every summary table, verdicts first) and the same tables as
+    ``report.html`` (for the Snakemake report); nothing without tables or Markdown."""
+    if not (summary and "md" in formats):
+        return []
+    report = out / "report.md"
+    atomic_write_text(report, f"# {REPORT_TITLE}\n\n"
+                      + "\n".join(to_markdown(t) for t in summary))
+    page = out / "report.html"
+    atomic_write_text(page, html_page(REPORT_TITLE, summary))
+    return [report, page]
+
+
+def _sweep_figures(sel: pd.DataFrame, out: Path,
+                   names: Mapping[str, str] | None = None) -> list[Path]:
+    """``fig_lr_sweep_<model>`` per swept model."""
+    from flexigpt.tables import plots  # matplotlib only when figures are wanted
+
+    written: list[Path] = []
+    for model in _sweep_models(sel):
+        written += plots.lr_sweep(sel, model, out, f"fig_lr_sweep_{slug(model)}",
+                                  (names or {}).get(model))
     return written
 
 
@@ -165,9 +234,9 @@ def _figures(agg: pd.DataFrame, logs: dict[str, pd.DataFrame],
 
     written: list[Path] = []
     for model in (list(dict.fromkeys(agg["model"])) if not agg.empty else []):
-        stem = f"fig_accuracy_vs_ratio_{build.slug(model)}"
+        stem = f"fig_accuracy_vs_ratio_{slug(model)}"
         written += plots.accuracy_vs_ratio(agg, model, out, stem, (names or {}).get(model))
-        written += curves.recovery_by_ratio(agg, logs, model, out, (names or {}).get(model))
+        written += recovery_by_ratio(agg, logs, model, out, (names or {}).get(model))
     written += plots.recovery_curves(logs, out)
     seen: set[str] = set()
     if not records:
@@ -178,7 +247,7 @@ def _figures(agg: pd.DataFrame, logs: dict[str, pd.DataFrame],
         if key in seen:  # a trained copy of the same compressed model
             continue
         seen.add(key)
-        slug = build.slug(_label(path, root).replace("/", "_"))
-        written += plots.block_influence(rec, out, f"fig_bi_{slug}")
-        written += plots.distance_heatmap(rec, out, f"fig_distance_{slug}")
+        name = slug(_label(path, root).replace("/", "_"))
+        written += plots.block_influence(rec, out, f"fig_bi_{name}")
+        written += plots.distance_heatmap(rec, out, f"fig_distance_{name}")
     return written

@@ -1,6 +1,6 @@
 """The recovery LR sweeps: every trial of every ``selection.json`` and the chosen LR.
 
-Rows come from :func:`~flexigpt.tables.collect.collect_selections` (one per trial); the
+Rows come from :func:`~flexigpt.tables.selections.collect_selections` (one per trial); the
 figure is :func:`flexigpt.tables.plots.lr_sweep`.
 """
 
@@ -11,8 +11,7 @@ import math
 
 import pandas as pd
 
-from flexigpt.tables.build import (EXTENSION_LABELS, METHOD_ORDER, display_name, method_label,
-                                   slug)
+from flexigpt.tables.labels import EXTENSION_LABELS, METHOD_ORDER, display_name, method_label, slug
 from flexigpt.tables.render import Block, Table
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ import logging
 
 import pandas as pd
 
-from flexigpt.tables.build import (METHOD_LABELS, METHOD_ORDER, display_name, method_label,
-                                   paper_title, reference_model, slug)
 from flexigpt.tables.decode import decode_block
+from flexigpt.tables.labels import METHOD_LABELS, METHOD_ORDER, display_name, method_label, slug
+from flexigpt.tables.paper_blocks import paper_title, reference_model
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 
@@ -35,6 +35,33 @@ def _label(method: str, variant: str) -> str:
     return method_label(method, variant) if method in METHOD_LABELS else method
 
 
+def _batch_block(g: pd.DataFrame, title: str, pub: pd.DataFrame, model: str,
+                 number: int) -> tuple[Block, pd.DataFrame]:
+    """Our timing rows of one (batch, seq_len) in table order: the block (times in %) and
+    its CSV rows (``source`` ours, relative times in %, Δ ours − paper where it reports the
+    setting)."""
+    g = g.assign(_k=g["method"].map(lambda m: RANK.get(m, len(RANK)))).sort_values(
+        ["ratio", "_k", "method", "variant"], na_position="first").drop(columns="_k")
+    g = g.reset_index(drop=True)
+    frame = pd.DataFrame({"Method": [_label(m, v) for m, v in zip(g["method"], g["variant"])],
+                          "Ratio": g["ratio"].astype(float) * 100, "Seconds": g["seconds"],
+                          "Tokens/s": g["tokens_per_s"], "Norm. time": g["relative_time"] * 100,
+                          "Throughput": g["relative_throughput"] * 100})
+    block = Block(title, frame, _KINDS,
+                  notes=["Norm. time and Throughput relative to the dense model (100%)."])
+    delta = []
+    for _, r in g.iterrows():
+        ref = match_published(pub, (number,), model, r["method"], r["variant"], r["ratio"], None)
+        delta.append({"delta_relative_time": None if ref is None else
+                      100 * r["relative_time"] - ref["relative_time"],
+                      "delta_relative_throughput": None if ref is None else
+                      100 * r["relative_throughput"] - ref["relative_throughput"]})
+    part = (g.assign(source="ours", relative_time=g["relative_time"] * 100,
+                     relative_throughput=g["relative_throughput"] * 100)
+            .join(pd.DataFrame(delta, dtype=float)))
+    return block, part
+
+
 def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: int,
                  display: str | None = None,
                  decodes: pd.DataFrame | None = None) -> Table | None:
@@ -48,27 +75,10 @@ def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: i
         return None
     blocks, csv_parts = [], []
     for (batch, seq_len), g in rows.groupby(["batch", "seq_len"], sort=True):
-        g = g.assign(_k=g["method"].map(lambda m: RANK.get(m, len(RANK)))).sort_values(
-            ["ratio", "_k", "method", "variant"], na_position="first").drop(columns="_k")
-        g = g.reset_index(drop=True)
-        frame = pd.DataFrame({"Method": [_label(m, v) for m, v in zip(g["method"], g["variant"])],
-                              "Ratio": g["ratio"].astype(float) * 100, "Seconds": g["seconds"],
-                              "Tokens/s": g["tokens_per_s"], "Norm. time": g["relative_time"] * 100,
-                              "Throughput": g["relative_throughput"] * 100})
-        blocks.append(Block(f"Ours: {title}, batch {batch}, seq_len {seq_len}", frame, _KINDS,
-                            notes=["Norm. time and Throughput relative to the dense model "
-                                   "(100%)."]))
-        delta = []
-        for _, r in g.iterrows():
-            ref = match_published(pub, (number,), model, r["method"], r["variant"], r["ratio"],
-                                  None)
-            delta.append({"delta_relative_time": None if ref is None else
-                          100 * r["relative_time"] - ref["relative_time"],
-                          "delta_relative_throughput": None if ref is None else
-                          100 * r["relative_throughput"] - ref["relative_throughput"]})
-        csv_parts.append(g.assign(source="ours", relative_time=g["relative_time"] * 100,
-                                  relative_throughput=g["relative_throughput"] * 100)
-                         .join(pd.DataFrame(delta, dtype=float)))
+        block, part = _batch_block(g, f"Ours: {title}, batch {batch}, seq_len {seq_len}", pub,
+                                   model, number)
+        blocks.append(block)
+        csv_parts.append(part)
     dec = None
     if decodes is not None and not decodes.empty:
         mine = decodes[decodes["model"].eq(model) & decodes["method"].map(keep)]

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from flexigpt import faults
-from flexigpt.artifacts import CheckpointError, clean_partials
+from flexigpt.fileio import CheckpointError, clean_partials
 
 STATE = "state.json"
 FORMAT = 1

@@ -17,6 +17,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from flexigpt.devices import check_device
+from flexigpt.registry import RecoveryRecipe, get_method
+
 if TYPE_CHECKING:
     from flexigpt.manifest import Manifest
 
@@ -125,21 +128,33 @@ class TrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        def positive_int(name: str, minimum: int = 1) -> None:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        """Validate every field (ValueError naming the first bad one, in declaration-group
+        order: counts, loss and optimizer, device and precision, recipe and LoRA) and
+        normalise ``betas`` / ``lora_targets`` to tuples."""
+        self._check_counts()
+        self._check_optimizer()
+        check_device(self.device)
+        if self.bf16 not in BF16_MODES:
+            raise ValueError(f"bf16 must be one of {BF16_MODES}, got {self.bf16!r}")
+        if self.eval_windows is not None:
+            _check_int(self, "eval_windows")
+        self._check_lora()
 
-        positive_int("tokens")
-        positive_int("seq_len", 2)
-        positive_int("micro_batch")
-        positive_int("global_batch")
-        positive_int("eval_every", 0)
-        positive_int("checkpoint_every", 0)
-        positive_int("seed", 0)
-        positive_int("warmup_min_steps", 0)
+    def _check_counts(self) -> None:
+        """Token, batch, step-count and seed fields are integers in range."""
+        _check_int(self, "tokens")
+        _check_int(self, "seq_len", 2)
+        _check_int(self, "micro_batch")
+        _check_int(self, "global_batch")
+        _check_int(self, "eval_every", 0)
+        _check_int(self, "checkpoint_every", 0)
+        _check_int(self, "seed", 0)
+        _check_int(self, "warmup_min_steps", 0)
         if self.lora_budget is not None:
-            positive_int("lora_budget")
+            _check_int(self, "lora_budget")
+
+    def _check_optimizer(self) -> None:
+        """Loss, batch divisibility, learning rates, warm-up, schedule, clipping, betas."""
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
         if not (_finite(self.kd_temperature) and self.kd_temperature > 0):
@@ -166,17 +181,13 @@ class TrainConfig:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
         if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
-        from flexigpt.devices import check_device
 
-        check_device(self.device)
-        if self.bf16 not in BF16_MODES:
-            raise ValueError(f"bf16 must be one of {BF16_MODES}, got {self.bf16!r}")
-        if self.eval_windows is not None:
-            positive_int("eval_windows")
+    def _check_lora(self) -> None:
+        """Recipe name and the LoRA settings that are given."""
         if self.recipe is not None and self.recipe not in RECIPES:
             raise ValueError(f"recipe must be one of {RECIPES} or None, got {self.recipe!r}")
         if self.lora_rank is not None:
-            positive_int("lora_rank")
+            _check_int(self, "lora_rank")
         if self.lora_alpha is not None and not (_finite(self.lora_alpha) and self.lora_alpha > 0):
             raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha!r}")
         if self.lora_dropout is not None and not (
@@ -237,8 +248,6 @@ def resolve_plan(cfg: TrainConfig, manifest: Manifest) -> TrainPlan:
         ValueError: the manifest names an unknown recipe, or ``lora_other_blocks`` is set
             for a recipe other than ``flexigpt``.
     """
-    from flexigpt.registry import RecoveryRecipe, get_method
-
     recovery = RecoveryRecipe.from_info(manifest.info) or RecoveryRecipe(recipe=None)
     sources: dict[str, str] = {}
 
@@ -283,6 +292,13 @@ def resolve_plan(cfg: TrainConfig, manifest: Manifest) -> TrainPlan:
                      lora_targets=None if targets is None else tuple(targets),
                      lora_other_blocks=cfg.lora_other_blocks, lora_budget=cfg.lora_budget,
                      sources=sources)
+
+
+def _check_int(cfg: TrainConfig, name: str, minimum: int = 1) -> None:
+    """ValueError unless field ``name`` of ``cfg`` is an integer (not a bool) >= ``minimum``."""
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _finite(value: Any) -> bool:

@@ -5,14 +5,21 @@ writes the sweep's arguments to a JSON spec and runs ``accelerate launch --multi
 --num_processes N -m flexigpt.training.launch SPEC``: every process runs
 :func:`flexigpt.training.tuning.run_sweep` on the same spec (data-parallel DDP, one GPU per
 process; gloo on CPU-only machines), the main process scores and writes, the others take
-its records (:func:`shared`). The global batch is the config's, so
-N processes train the same trajectory as one (each takes ``global_batch / N`` windows per
-step; ``tests/test_multiprocess_train.py``).
+its records (:func:`flexigpt.training.processes.broadcast_from_main`). The global batch is
+the config's, so N processes train the same trajectory as one (each takes
+``global_batch / N`` windows per step; ``tests/test_multiprocess_train.py``).
+
+Layering of the package (each module imports only those below it): ``launch`` (this entry
+point: a sweep spec, in this process or launched on N) → ``tuning`` (the sweep: trials,
+rung, selection) → ``runner`` (one training run: load, train, save) → ``loop`` /
+``recipes`` / ``checkpoint`` / ``memo`` / ``losses`` / ``data`` / ``outputs`` / ``lora`` →
+``config`` and ``processes`` (the process group).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,35 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from flexigpt.training.config import TrainConfig
+from flexigpt.training.tuning import run_sweep
+
 SPEC_KEYS = ("model", "out", "configs", "points", "text", "tune", "meta", "rung", "teacher")
-
-
-def is_main_process() -> bool:
-    """True in a single process, and in the main one of a launched group."""
-    from accelerate import PartialState
-
-    return PartialState().is_main_process
-
-
-def barrier() -> None:
-    """Wait for every process of a launched group (nothing in a single process)."""
-    from accelerate import PartialState
-
-    PartialState().wait_for_everyone()
-
-
-def shared(record: Any) -> Any:
-    """``record`` as the main process has it, on every process of a launched group (only
-    the main process scores perplexity and saves); ``record`` itself in a single process."""
-    from accelerate import PartialState
-
-    if PartialState().num_processes == 1:
-        return record
-    from accelerate.utils import broadcast_object_list
-
-    box = [record]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
 
 
 def processes_for(explicit: int | None, gpus: int) -> int:
@@ -100,9 +82,6 @@ def run_launched(spec: dict[str, Any], processes: int, threads: int | None = Non
 def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the sweep ``spec`` describes (:data:`SPEC_KEYS`: the :func:`run_sweep` arguments,
     configs as dicts) in this process: the one-process job, or one of the launched ones."""
-    from flexigpt.training.config import TrainConfig
-    from flexigpt.training.tuning import run_sweep
-
     configs = [TrainConfig(**c) for c in spec["configs"]]
     return run_sweep(spec["model"], spec["out"], configs, spec["points"], text=spec["text"],
                      tune=spec["tune"], meta=spec["meta"], rung=spec["rung"],
@@ -110,8 +89,8 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import logging
-
+    """``python -m flexigpt.training.launch SPEC.json``: run the sweep ``SPEC.json``
+    describes in this process (:func:`run_spec`); 2 on a wrong command line, else 0."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m flexigpt.training.launch SPEC.json", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""The optimisation loop: causal-LM loss, AdamW, warm-up + cosine, accumulation, clipping.
+"""The optimisation loop: causal-LM loss (:mod:`flexigpt.training.losses`), AdamW, warm-up +
+cosine, accumulation, clipping.
 
 Runs through ``accelerate.Accelerator``: on CPU, one GPU, or several processes started with
 ``accelerate launch``. With W processes, the global batch of step s is the sequences
@@ -8,7 +9,6 @@ Runs through ``accelerate.Accelerator``: on CPU, one GPU, or several processes s
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -17,19 +17,21 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from flexigpt import faults
-from flexigpt.artifacts import CheckpointError
+from flexigpt import devices, faults
+from flexigpt.fileio import CheckpointError
 from flexigpt.perplexity import perplexity
 from flexigpt.precision import native_bf16
 from flexigpt.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from flexigpt.training.config import TrainConfig, TrainPlan
 from flexigpt.training.data import WindowStream
+from flexigpt.training.losses import causal_lm_loss, kd_loss
+from flexigpt.training.memo import start_key
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +59,13 @@ def train_device(spec: str) -> str:
     """Where this process loads the models it trains: the :mod:`flexigpt.devices` setting
     ``spec`` resolved, or the CPU in a multi-process launch (each process's model then goes
     to that process's own device in :func:`run_loop`)."""
-    from flexigpt import devices
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return "cpu"
-    return devices.resolve_device(spec)
+    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return "cpu" if multi else devices.resolve_device(spec)
 
 
 def bf16_enabled(mode: str, device: torch.device) -> bool:
     """Resolve ``TrainConfig.bf16`` (auto: :func:`flexigpt.precision.native_bf16`)."""
-    if mode != "auto":
-        return mode == "on"
-    return native_bf16(device)
+    return native_bf16(device) if mode == "auto" else mode == "on"
 
 
 def lr_factor(cfg: TrainConfig, steps: int) -> Callable[[int], float]:
@@ -84,74 +81,6 @@ def lr_factor(cfg: TrainConfig, steps: int) -> Callable[[int], float]:
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
     return factor
-
-
-#: Rows of the logits processed at once by :class:`NextTokenCrossEntropy` (bounds the fp32
-#: temporaries to CHUNK_ROWS × V instead of B·T × V).
-CHUNK_ROWS = 256
-
-
-class NextTokenCrossEntropy(torch.autograd.Function):
-    """Mean next-token cross-entropy of ``logits [B, T, V]`` (any float dtype) against
-    ``ids [B, T]``, computed in fp32 a few rows at a time.
-
-    Equal to ``F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())``
-    (and its gradient), without the fp32 copy of the logits, the saved fp32 log-softmax and
-    the zero-padded slice gradient: the forward keeps nothing but the inputs, the backward
-    recomputes each chunk's softmax and writes ``(softmax − onehot)/N`` straight into a
-    gradient of the logits' dtype. Chunks are contiguous row ranges of one sequence.
-    """
-
-    @staticmethod
-    def _chunks(b: int, t: int):
-        for i in range(b):
-            for start in range(0, t - 1, CHUNK_ROWS):
-                yield i, start, min(start + CHUNK_ROWS, t - 1)
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        b, t, _ = logits.shape
-        total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        for i, start, end in NextTokenCrossEntropy._chunks(b, t):
-            logp = torch.log_softmax(logits[i, start:end].float(), dim=-1)
-            total -= logp.gather(1, ids[i, start + 1:end + 1, None]).sum()
-        ctx.save_for_backward(logits, ids)
-        return total / (b * (t - 1))
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102
-        logits, ids = ctx.saved_tensors
-        b, t, _ = logits.shape
-        out = torch.empty_like(logits)
-        out[:, -1].zero_()
-        scale = grad.float() / (b * (t - 1))
-        for i, start, end in NextTokenCrossEntropy._chunks(b, t):
-            probs = torch.softmax(logits[i, start:end].float(), dim=-1)
-            rows = torch.arange(end - start, device=logits.device)
-            probs[rows, ids[i, start + 1:end + 1]] -= 1.0
-            out[i, start:end] = probs.mul_(scale)
-        return out, None
-
-
-def causal_lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (fp32) of ``logits [B, T, V]`` against ``ids [B, T]``
-    (:class:`NextTokenCrossEntropy`)."""
-    return NextTokenCrossEntropy.apply(logits, ids)
-
-
-def kd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor,
-            temperature: float) -> torch.Tensor:
-    """T² · mean over predicted positions of KL(teacher ‖ student) at temperature T.
-
-    ``logits``/``teacher_logits``: ``[B, T, V]``; the positions are those of
-    :func:`causal_lm_loss` (every one but the last), computed in fp32. Zero iff the two
-    next-token distributions agree.
-    """
-    student = F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    teacher = F.log_softmax(teacher_logits[:, :-1].float() / temperature, dim=-1)
-    kl = F.kl_div(student.reshape(-1, student.shape[-1]), teacher.reshape(-1, teacher.shape[-1]),
-                  log_target=True, reduction="batchmean")
-    return kl * temperature**2
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig, plan: TrainPlan) -> list[dict]:
@@ -173,22 +102,6 @@ def _optimizer(model: nn.Module, cfg: TrainConfig, plan: TrainPlan) -> torch.opt
                              eps=1e-8)
 
 
-def start_key(model: nn.Module, val_windows: torch.Tensor, bf16: bool) -> str:
-    """Identity of a step-0 tune-perplexity evaluation: sha256 of the validation windows,
-    the compute dtype, every parameter's name / shape / dtype / trainable flag, and the
-    values of the trainable ones. The frozen values are not hashed: callers share one memo
-    only between trials of one input model (:func:`flexigpt.training.tuning.run_sweep`),
-    whose frozen weights are the same by construction."""
-    digest = hashlib.sha256(f"bf16={bool(bf16)}".encode())
-    digest.update(val_windows.detach().cpu().contiguous().numpy().tobytes())
-    for name, param in model.named_parameters():
-        digest.update(f"{name}:{tuple(param.shape)}:{param.dtype}:{param.requires_grad}"
-                      .encode())
-        if param.requires_grad:
-            digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
 def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor | None,
              cfg: TrainConfig, plan: TrainPlan, ckpt: Path, digest: str,
              on_step: StepHook | None = None, teacher: nn.Module | None = None,
@@ -206,8 +119,10 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
     time).
 
     ``start_ppl`` (the trials of one sweep share it) memoises the step-0 tune perplexity by
-    :func:`start_key`: a trial that starts from a state an earlier trial already scored
-    reads the score back instead of evaluating it again (the value is the same).
+    :func:`flexigpt.training.memo.start_key`: a trial that starts from a state an earlier
+    trial already scored reads the score back instead of evaluating it again (the value is
+    the same).
+
 
     Resumes from ``ckpt`` when it holds a checkpoint with the same ``digest``. The model is
     returned unwrapped (``result`` carries the log); it is left in eval mode.
@@ -215,6 +130,51 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
     Raises:
         TrainingDivergedError: non-finite loss or gradient norm (names the step).
         ValueError: global_batch not divisible by micro_batch × processes.
+    """
+    run = _setup(_accelerator(cfg), model, stream, val_windows, cfg, plan, ckpt, digest,
+                 teacher, stop_step)
+    if run.state.step == 0 and val_windows is not None:
+        _log_start(run, val_windows, start_ppl)
+    run_start = time.perf_counter()
+    _train_steps(run, on_step)
+    return _finish(run, run_start)
+
+
+@dataclass
+class _Run:
+    """One :func:`run_loop` call once set up: ``model`` as ``accelerate`` prepared it
+    (DDP-wrapped with several processes), ``inner`` unwrapped; ``accum`` micro-batches per
+    step and process; ``last`` the step this call stops after (``steps`` unless a
+    ``stop_step`` came); ``resumed_from`` the checkpoint's step (0: fresh)."""
+
+    accelerator: Any
+    model: nn.Module
+    inner: nn.Module
+    optimizer: Any
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    trainable: list[nn.Parameter]
+    cfg: TrainConfig
+    stream: WindowStream
+    val_windows: torch.Tensor | None
+    teacher: nn.Module | None
+    ckpt: Path
+    digest: str
+    state: TrainState
+    use_bf16: bool
+    world: int
+    rank: int
+    accum: int
+    steps: int
+    last: int
+    resumed_from: int
+
+
+def _accelerator(cfg: TrainConfig) -> Any:
+    """The ``accelerate.Accelerator`` of this process: gloo on the CPU in a multi-process
+    launch without CUDA, else on :func:`train_device` of ``cfg.device``.
+
+    Raises:
+        RuntimeError: accelerate did not set up as many processes as were launched.
     """
     from accelerate import Accelerator
 
@@ -228,10 +188,19 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
         if target.type == "cuda" and target.index is not None:
             torch.cuda.set_device(target)
         accelerator = Accelerator(cpu=target.type == "cpu")
-    world, rank = accelerator.num_processes, accelerator.process_index
+    world = accelerator.num_processes
     if world != launched:
         raise RuntimeError(f"launched as {launched} processes but accelerate set up {world}; "
                            "check the accelerate launch configuration")
+    return accelerator
+
+
+def _setup(accelerator: Any, model: nn.Module, stream: WindowStream,
+           val_windows: torch.Tensor | None, cfg: TrainConfig, plan: TrainPlan, ckpt: Path,
+           digest: str, teacher: nn.Module | None, stop_step: int | None) -> _Run:
+    """Models on the device, optimizer and schedule, the checkpoint (if any) loaded, the
+    model prepared by ``accelerator``: everything :func:`run_loop` steps through."""
+    world, rank = accelerator.num_processes, accelerator.process_index
     if cfg.global_batch % (cfg.micro_batch * world):
         raise ValueError(f"global_batch {cfg.global_batch} is not a multiple of micro_batch "
                          f"{cfg.micro_batch} × {world} process(es)")
@@ -246,107 +215,185 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
     optimizer = _optimizer(model, cfg, plan)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps))
     state = load_checkpoint(ckpt, model, optimizer, scheduler, digest) or TrainState()
-    resumed_from = state.step
+    last = _last_step(state, steps, stop_step, ckpt)
+    if state.step:
+        log.info("resuming from %s at step %d/%d", ckpt, state.step, steps)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if cfg.compile:
+        model.compile()
+    prepared, optimizer = accelerator.prepare(model, optimizer)
+    return _Run(accelerator=accelerator, model=prepared,
+                inner=accelerator.unwrap_model(prepared), optimizer=optimizer,
+                scheduler=scheduler, trainable=trainable, cfg=cfg, stream=stream,
+                val_windows=val_windows, teacher=teacher, ckpt=ckpt, digest=digest,
+                state=state, use_bf16=use_bf16, world=world, rank=rank, accum=accum,
+                steps=steps, last=last, resumed_from=state.step)
+
+
+def _last_step(state: TrainState, steps: int, stop_step: int | None, ckpt: Path) -> int:
+    """The step this call stops after: ``steps``, or ``stop_step`` when it is earlier.
+
+    Raises:
+        ValueError: ``stop_step`` < 1.
+        CheckpointError: the checkpoint in ``ckpt`` is already past that step.
+    """
     last = steps if stop_step is None else min(int(stop_step), steps)
     if last < 1:
         raise ValueError(f"stop_step must be >= 1, got {stop_step!r}")
     if state.step > last:
         raise CheckpointError(f"training checkpoint {str(ckpt)!r} is at step {state.step}, "
                               f"past the requested stop at step {last}")
-    if resumed_from:
-        log.info("resuming from %s at step %d/%d", ckpt, resumed_from, steps)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    if cfg.compile:
-        model.compile()
-    model, optimizer = accelerator.prepare(model, optimizer)
-    inner = accelerator.unwrap_model(model)
+    return last
 
-    def evaluate() -> float | None:
-        """Tune-split perplexity in the training compute dtype (bf16 autocast when on)."""
-        ppl = None
-        if accelerator.is_main_process and val_windows is not None:
-            with torch.autocast(accelerator.device.type, dtype=torch.bfloat16,
-                                enabled=use_bf16):
-                ppl = perplexity(inner, val_windows, batch_size=cfg.micro_batch)
-        accelerator.wait_for_everyone()
-        return ppl
 
-    if state.step == 0 and val_windows is not None:
-        if start_ppl is None:
-            ppl0 = evaluate()
-        else:
-            key = start_key(inner, val_windows, use_bf16)
-            if key not in start_ppl:
-                start_ppl[key] = evaluate()
-            ppl0 = start_ppl[key]
-        state.log.append({"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": ppl0})
-    autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=use_bf16)
-    bar = tqdm(total=steps, initial=state.step, desc="train",
-               disable=not accelerator.is_local_main_process)
-    run_start = time.perf_counter()
-    model.train()
-    for step in range(state.step + 1, last + 1):
-        torch.manual_seed((cfg.seed * 1_000_003 + step) * 1_009 + rank)
+def _evaluate(run: _Run) -> float | None:
+    """Tune-split perplexity in the training compute dtype (bf16 autocast when on), scored
+    by the main process (None on the others, and without validation windows)."""
+    ppl = None
+    if run.accelerator.is_main_process and run.val_windows is not None:
+        with torch.autocast(run.accelerator.device.type, dtype=torch.bfloat16,
+                            enabled=run.use_bf16):
+            ppl = perplexity(run.inner, run.val_windows, batch_size=run.cfg.micro_batch)
+    run.accelerator.wait_for_everyone()
+    return ppl
+
+
+def _log_start(run: _Run, val_windows: torch.Tensor,
+               start_ppl: dict[str, float | None] | None) -> None:
+    """Append the step-0 row (its perplexity read back from ``start_ppl`` when a trial of
+    the same sweep already scored this start, see :func:`start_key`); ``val_windows``:
+    ``run.val_windows``, known to be there."""
+    if start_ppl is None:
+        ppl0 = _evaluate(run)
+    else:
+        key = start_key(run.inner, val_windows, run.use_bf16)
+        if key not in start_ppl:
+            start_ppl[key] = _evaluate(run)
+        ppl0 = start_ppl[key]
+    run.state.log.append({"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": ppl0})
+
+
+def _train_steps(run: _Run, on_step: StepHook | None) -> None:
+    """Optimizer steps ``state.step + 1 .. last``: one log row each, checkpoints, hooks."""
+    cfg, state = run.cfg, run.state
+    autocast = torch.autocast(run.accelerator.device.type, dtype=torch.bfloat16,
+                              enabled=run.use_bf16)
+    bar = tqdm(total=run.steps, initial=state.step, desc="train",
+               disable=not run.accelerator.is_local_main_process)
+    run.model.train()
+    for step in range(state.step + 1, run.last + 1):
+        torch.manual_seed((cfg.seed * 1_000_003 + step) * 1_009 + run.rank)
         tic = time.perf_counter()
-        total = torch.zeros((), device=accelerator.device)
-        for a in range(accum):
-            ids = stream.sequences(state.position + (a * world + rank) * cfg.micro_batch,
-                                   cfg.micro_batch).to(accelerator.device)
-            sync = accelerator.no_sync(model) if a < accum - 1 else nullcontext()
-            with sync:
-                with autocast:
-                    logits = model(input_ids=ids, use_cache=False).logits
-                if cfg.loss == "kd":
-                    with torch.no_grad(), autocast:
-                        target = teacher(input_ids=ids, use_cache=False).logits
-                    loss = kd_loss(logits, target, cfg.kd_temperature)
-                else:
-                    loss = causal_lm_loss(logits, ids)
-                accelerator.backward(loss / accum)
-            total += loss.detach()
-        mean_loss = float(accelerator.reduce(total / accum, reduction="mean"))
-        if not math.isfinite(mean_loss):
-            raise TrainingDivergedError(
-                f"non-finite training loss ({mean_loss}) at step {step}; the last good "
-                f"checkpoint (step {state.step}) in {str(ckpt)!r} is left intact")
-        if cfg.grad_clip is not None:
-            norm = float(accelerator.clip_grad_norm_(trainable, cfg.grad_clip))
-            if not math.isfinite(norm):
-                raise TrainingDivergedError(
-                    f"non-finite gradient norm ({norm}) at step {step}; the last good "
-                    f"checkpoint (step {state.step}) in {str(ckpt)!r} is left intact")
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        mean_loss = _step_loss(run, step, autocast)
+        lr = _optimizer_step(run, step)
         state.step, state.position = step, state.position + cfg.global_batch
         state.train_seconds += time.perf_counter() - tic
-        row = {"step": step, "tokens": state.position * cfg.seq_len, "loss": mean_loss,
-               "lr": lr, "ppl": None}
-        periodic = cfg.eval_every and step % cfg.eval_every == 0 and step < steps
-        if periodic or step == last < steps:  # a stop's PPL is saved with its checkpoint
-            row["ppl"] = evaluate()
-            model.train()
-        state.log.append(row)
+        state.log.append(_step_row(run, step, mean_loss, lr))
         bar.update(1)
         bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < last:
-            if accelerator.is_main_process:
-                save_checkpoint(ckpt, inner, optimizer, scheduler, state, digest)
-            accelerator.wait_for_everyone()
+        _periodic_checkpoint(run, step)
         faults.point("train:step")
         if on_step is not None:
             on_step(step, mean_loss)
     bar.close()
-    stopped = last < steps
-    if stopped and state.step > resumed_from and accelerator.is_main_process:
+
+
+def _step_loss(run: _Run, step: int, autocast: torch.autocast) -> float:
+    """Forward and backward of step ``step``'s micro-batches on this process (gradients
+    synchronised on the last one); the loss averaged over micro-batches and processes.
+
+    Process r takes micro-batches ``a·W + r`` of the step's global batch.
+
+    Raises:
+        TrainingDivergedError: the mean loss is not finite.
+    """
+    cfg, accelerator, state = run.cfg, run.accelerator, run.state
+    total = torch.zeros((), device=accelerator.device)
+    for a in range(run.accum):
+        ids = run.stream.sequences(state.position + (a * run.world + run.rank) * cfg.micro_batch,
+                                   cfg.micro_batch).to(accelerator.device)
+        sync = accelerator.no_sync(run.model) if a < run.accum - 1 else nullcontext()
+        with sync:
+            loss = _micro_batch_loss(run, ids, autocast)
+            accelerator.backward(loss / run.accum)
+        total += loss.detach()
+    mean_loss = float(accelerator.reduce(total / run.accum, reduction="mean"))
+    if not math.isfinite(mean_loss):
+        raise TrainingDivergedError(
+            f"non-finite training loss ({mean_loss}) at step {step}; the last good "
+            f"checkpoint (step {state.step}) in {str(run.ckpt)!r} is left intact")
+    return mean_loss
+
+
+def _micro_batch_loss(run: _Run, ids: torch.Tensor, autocast: torch.autocast) -> torch.Tensor:
+    """The loss of one micro-batch ``ids [micro_batch, seq_len]``: :func:`causal_lm_loss`,
+    or :func:`kd_loss` against the teacher's logits on the same ids."""
+    with autocast:
+        logits = run.model(input_ids=ids, use_cache=False).logits
+    if run.cfg.loss == "kd":
+        if run.teacher is None:  # _setup refuses this already
+            raise ValueError("loss 'kd' needs a teacher model")
+        with torch.no_grad(), autocast:
+            target = run.teacher(input_ids=ids, use_cache=False).logits
+        return kd_loss(logits, target, run.cfg.kd_temperature)
+    return causal_lm_loss(logits, ids)
+
+
+def _optimizer_step(run: _Run, step: int) -> float:
+    """Clip the gradients, step the optimizer and the schedule; returns the step's LR.
+
+    Raises:
+        TrainingDivergedError: the gradient norm is not finite (with clipping on).
+    """
+    cfg = run.cfg
+    if cfg.grad_clip is not None:
+        norm = float(run.accelerator.clip_grad_norm_(run.trainable, cfg.grad_clip))
+        if not math.isfinite(norm):
+            raise TrainingDivergedError(
+                f"non-finite gradient norm ({norm}) at step {step}; the last good "
+                f"checkpoint (step {run.state.step}) in {str(run.ckpt)!r} is left intact")
+    lr = float(run.scheduler.get_last_lr()[0])  # a float already (float LRs); typed float | Tensor
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return lr
+
+
+def _step_row(run: _Run, step: int, mean_loss: float, lr: float) -> dict[str, Any]:
+    """The log row of step ``step`` (state already advanced), with the tune perplexity at
+    the periodic evaluations and at a stop before the end."""
+    cfg, steps = run.cfg, run.steps
+    row = {"step": step, "tokens": run.state.position * cfg.seq_len, "loss": mean_loss,
+           "lr": lr, "ppl": None}
+    periodic = cfg.eval_every and step % cfg.eval_every == 0 and step < steps
+    if periodic or step == run.last < steps:  # a stop's PPL is saved with its checkpoint
+        row["ppl"] = _evaluate(run)
+        run.model.train()
+    return row
+
+
+def _periodic_checkpoint(run: _Run, step: int) -> None:
+    """The checkpoint every ``cfg.checkpoint_every`` steps (not at this call's last step)."""
+    every = run.cfg.checkpoint_every
+    if every and step % every == 0 and step < run.last:
+        if run.accelerator.is_main_process:
+            save_checkpoint(run.ckpt, run.inner, run.optimizer, run.scheduler, run.state,
+                            run.digest)
+        run.accelerator.wait_for_everyone()
+
+
+def _finish(run: _Run, run_start: float) -> LoopResult:
+    """Checkpoint a stop before the end, return the model to eager eval mode, report."""
+    state, steps = run.state, run.steps
+    stopped = run.last < steps
+    if stopped and state.step > run.resumed_from and run.accelerator.is_main_process:
         # the state at the stop, whatever checkpoint_every (unless it was resumed there)
-        save_checkpoint(ckpt, inner, optimizer, scheduler, state, digest)
-    accelerator.wait_for_everyone()
-    if cfg.compile:
-        inner._compiled_call_impl = None  # back to eager for the final eval, merge and save
-    inner.eval()
-    return LoopResult(state=state, steps=steps, resumed_from=resumed_from, bf16=use_bf16,
-                      accumulation=accum, processes=world,
+        save_checkpoint(run.ckpt, run.inner, run.optimizer, run.scheduler, state, run.digest)
+    run.accelerator.wait_for_everyone()
+    if run.cfg.compile:
+        run.inner._compiled_call_impl = None  # back to eager for the final eval, merge and save
+    run.inner.eval()
+    return LoopResult(state=state, steps=steps, resumed_from=run.resumed_from,
+                      bf16=run.use_bf16, accumulation=run.accum, processes=run.world,
                       seconds_this_run=time.perf_counter() - run_start,
                       stopped_at=state.step if stopped else None)

@@ -3,7 +3,7 @@
 - ``flexigpt``: the replacement/repeat blocks' adapters (parameters named ``lora_A``,
   ``lora_B`` of ``SharedLoRALinear`` and ``gamma`` of ``OutputNorm``); everything else is
   frozen. With ``lora_other_blocks`` the other blocks' unshared linears also get mergeable
-  LoRA (:mod:`flexigpt.training.lora`).
+  LoRA (:mod:`flexigpt.methods.lora`).
 - ``lora``: mergeable LoRA on the target linears of every decoder block (not embeddings or
   head, not FlexiGPT's wrappers, not weights shared between modules); the rest frozen.
 - ``full``: every parameter (the extension's control: the base model trained on the same
@@ -19,12 +19,16 @@ from typing import Any
 
 from torch import nn
 
+from flexigpt.methods.lora import (
+    inject_lora,
+    lora_candidates,
+    lora_params_per_rank,
+    rank_for_budget,
+)
 from flexigpt.methods.sharing import ADAPTER_PARAMS, adapter_trainable
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.training.config import TrainPlan
-from flexigpt.training.lora import (inject_lora, lora_candidates, lora_params_per_rank,
-                                    rank_for_budget)
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +72,6 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
     """
     adapter = get_adapter(model)
     model.requires_grad_(False)
-    injected: list[str] = []
-    skipped: list[str] = []
     targets = plan.lora_targets or tuple(dict.fromkeys(adapter.attn_linears
                                                        + adapter.mlp_linears))
     blocks = [(f"{adapter.layers_path}.{i}", b) for i, b in enumerate(adapter.layers(model))]
@@ -80,41 +82,9 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
                        if not any(_leaf(n) in FLEXIGPT_PARAMS for n, _ in b.named_parameters())]
     rank, alpha, budget = plan.lora_rank, plan.lora_alpha, None
     if plan.lora_budget is not None:
-        fixed = adapter_trainable(model) if plan.recipe == "flexigpt" else 0
-        per_rank = lora_params_per_rank(lora_candidates(model, lora_blocks, targets)[0])
-        rank = rank_for_budget(plan.lora_budget, fixed, per_rank)
-        alpha = plan.lora_alpha * rank / plan.lora_rank  # keep the LoRA scaling α/r
-        achieved = fixed + rank * per_rank
-        budget = {"target": plan.lora_budget, "achieved": achieved, "rank": rank,
-                  "rel_error": round((achieved - plan.lora_budget) / plan.lora_budget, 6)}
-        if abs(budget["rel_error"]) > BUDGET_TOLERANCE:
-            log.warning("trainable budget %d met only to %.2f%% (%d at rank %d)",
-                        plan.lora_budget, 100 * budget["rel_error"], achieved, rank)
-
-    if plan.recipe == "full":
-        model.requires_grad_(True)
-    elif plan.recipe == "lora":
-        injected, skipped = inject_lora(model, lora_blocks, targets, rank, alpha,
-                                        plan.lora_dropout)
-        if not injected:
-            raise ValueError(f"recipe 'lora' found no unshared nn.Linear named {targets} in "
-                             "the decoder blocks")
-        for name in injected:
-            for p in model.get_submodule(name).parameters(recurse=False):
-                p.requires_grad_(True)
-    elif plan.recipe == "flexigpt":
-        if not own:
-            raise ValueError("recipe 'flexigpt' found no parameters named "
-                             f"{FLEXIGPT_PARAMS} (no replacement/repeat blocks in this model)")
-        if plan.lora_other_blocks:
-            injected, skipped = inject_lora(model, lora_blocks, targets, rank, alpha,
-                                            plan.lora_dropout)
-        for name, p in model.named_parameters():
-            if _leaf(name) in FLEXIGPT_PARAMS:
-                p.requires_grad_(True)
-    elif plan.recipe != "none":
-        raise ValueError(f"unknown recipe {plan.recipe!r}")
-
+        rank, alpha, budget = _budget_rank(model, plan, plan.lora_budget, lora_blocks, targets)
+    injected, skipped = _make_trainable(model, plan, bool(own), lora_blocks, targets, rank,
+                                        alpha)
     if skipped:
         log.info("recipe %s: %d linear(s) share their weight with another module and get "
                  "no mergeable LoRA (e.g. %s)", plan.recipe, len(skipped), skipped[0])
@@ -132,3 +102,62 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
     log.info("recipe %s: %s trainable / %s frozen parameters, %d LoRA module(s) injected",
              plan.recipe, f"{trainable:,}", f"{report.frozen_parameters:,}", len(injected))
     return report
+
+
+def _budget_rank(model: nn.Module, plan: TrainPlan, target: int,
+                 lora_blocks: list[tuple[str, nn.Module]],
+                 targets: tuple[str, ...]) -> tuple[int, float, dict[str, Any]]:
+    """``(rank, alpha, budget record)`` of the mergeable LoRA whose trainable count (the
+    FlexiGPT adapters included for recipe ``flexigpt``) is nearest ``target``
+    (``plan.lora_budget``); α is scaled to keep the LoRA scaling α/r. Logs a warning beyond
+    :data:`BUDGET_TOLERANCE`."""
+    fixed = adapter_trainable(model) if plan.recipe == "flexigpt" else 0
+    per_rank = lora_params_per_rank(lora_candidates(model, lora_blocks, targets)[0])
+    rank = rank_for_budget(target, fixed, per_rank)
+    alpha = plan.lora_alpha * rank / plan.lora_rank  # keep the LoRA scaling α/r
+    achieved = fixed + rank * per_rank
+    budget = {"target": target, "achieved": achieved, "rank": rank,
+              "rel_error": round((achieved - target) / target, 6)}
+    if abs(budget["rel_error"]) > BUDGET_TOLERANCE:
+        log.warning("trainable budget %d met only to %.2f%% (%d at rank %d)",
+                    target, 100 * budget["rel_error"], achieved, rank)
+    return rank, alpha, budget
+
+
+def _make_trainable(model: nn.Module, plan: TrainPlan, has_adapters: bool,
+                    lora_blocks: list[tuple[str, nn.Module]], targets: tuple[str, ...],
+                    rank: int, alpha: float) -> tuple[list[str], list[str]]:
+    """Unfreeze the recipe's trainable set of the frozen ``model`` (injecting mergeable LoRA
+    into ``lora_blocks`` where the recipe has it); ``has_adapters``: the model had FlexiGPT
+    adapter parameters before any injection. Returns the injected and the skipped (shared)
+    linears' names.
+
+    Raises:
+        ValueError: nothing to train for the recipe, or an unknown recipe.
+    """
+    injected: list[str] = []
+    skipped: list[str] = []
+    if plan.recipe == "full":
+        model.requires_grad_(True)
+    elif plan.recipe == "lora":
+        injected, skipped = inject_lora(model, lora_blocks, targets, rank, alpha,
+                                        plan.lora_dropout)
+        if not injected:
+            raise ValueError(f"recipe 'lora' found no unshared nn.Linear named {targets} in "
+                             "the decoder blocks")
+        for name in injected:
+            for p in model.get_submodule(name).parameters(recurse=False):
+                p.requires_grad_(True)
+    elif plan.recipe == "flexigpt":
+        if not has_adapters:
+            raise ValueError("recipe 'flexigpt' found no parameters named "
+                             f"{FLEXIGPT_PARAMS} (no replacement/repeat blocks in this model)")
+        if plan.lora_other_blocks:
+            injected, skipped = inject_lora(model, lora_blocks, targets, rank, alpha,
+                                            plan.lora_dropout)
+        for name, p in model.named_parameters():
+            if _leaf(name) in FLEXIGPT_PARAMS:
+                p.requires_grad_(True)
+    elif plan.recipe != "none":
+        raise ValueError(f"unknown recipe {plan.recipe!r}")
+    return injected, skipped

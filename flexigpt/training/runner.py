@@ -5,30 +5,31 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from flexigpt.artifacts import LoadedModel, atomic_directory, load_compressed, manifest_hash
-from flexigpt.artifacts import save_compressed
+from flexigpt.artifacts import LoadedModel, load_compressed
 from flexigpt.calibration import token_windows
 from flexigpt.devices import model_device
-from flexigpt.manifest import Manifest
+from flexigpt.export.publish import publish_compressed
+from flexigpt.fileio import atomic_directory
+from flexigpt.manifest import Manifest, manifest_hash
+from flexigpt.methods.lora import merge_lora
 from flexigpt.params import count_parameters
 from flexigpt.perplexity import perplexity
 from flexigpt.provenance import code_version, setup_run
-from flexigpt.training.checkpoint import TrainState, checkpoint_dir, fingerprint
-from flexigpt.training.checkpoint import remove_checkpoint
-from flexigpt.training.config import TrainConfig, resolve_plan
+from flexigpt.training.checkpoint import TrainState, checkpoint_dir, fingerprint, remove_checkpoint
+from flexigpt.training.config import TrainConfig, TrainPlan, resolve_plan
 from flexigpt.training.data import WindowStream
-from flexigpt.training.launch import is_main_process
-from flexigpt.training.lora import merge_lora
-from flexigpt.training.loop import StepHook, run_loop, train_device
+from flexigpt.training.loop import LoopResult, StepHook, run_loop, train_device
+from flexigpt.training.memo import SweepMemo
 from flexigpt.training.outputs import log_csv, plot_loss_curve
-from flexigpt.training.recipes import apply_recipe
+from flexigpt.training.processes import is_main_process
+from flexigpt.training.recipes import RecipeReport, apply_recipe
 
 log = logging.getLogger(__name__)
 
@@ -38,24 +39,6 @@ _NOT_TRAJECTORY = ("eval_every", "eval_windows", "checkpoint_every", "keep_check
                    "device")
 LOG_FILE = "train_log.csv"
 CURVE_FILE = "loss_curve.png"
-
-
-@dataclass
-class SweepMemo:
-    """What the trials of one sweep (one input model, hence one tokenizer) compute alike and
-    need only once: the token windows of each text, the step-0 tune perplexity of each
-    starting state (:func:`flexigpt.training.loop.start_key`). Reusing them changes no value.
-    """
-
-    windows: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
-    start_ppl: dict[str, float | None] = field(default_factory=dict)
-
-    def token_windows(self, path: str | os.PathLike, tokenizer: Any,
-                      seq_len: int) -> torch.Tensor:
-        key = (str(Path(path).resolve()), int(seq_len))
-        if key not in self.windows:
-            self.windows[key] = token_windows(path, tokenizer, seq_len)
-        return self.windows[key]
 
 
 def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: TrainConfig,
@@ -108,6 +91,50 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     ``<out>.ckpt/`` written with the same settings is resumed exactly.
     """
     wall = time.perf_counter()
+    run = _start(loaded, cfg, text, validation, source, memo)
+    digest = _fingerprint(run)
+    ckpt = checkpoint_dir(out_dir)
+    log.info("training %s (%s) with recipe %s for %d steps (%d tokens/step), lr %.3g",
+             run.manifest.method, (source or {}).get("model"), run.plan.recipe, cfg.steps(),
+             cfg.global_batch * cfg.seq_len, run.plan.lr)
+
+    result = None
+    if run.plan.recipe == "none":
+        state = TrainState(log=[{"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": None}])
+    else:
+        result = run_loop(run.model, run.stream, run.val, cfg, run.plan, ckpt, digest, on_step,
+                          teacher, stop_step, None if memo is None else memo.start_ppl)
+        state = result.state
+        if result.stopped_at is not None:
+            return rung_record(state, cfg, run.plan.to_dict(), run.report.to_dict())
+    return _conclude(run, state, result, out_dir, ckpt, wall)
+
+
+@dataclass
+class _Session:
+    """One :func:`train_loaded` call once set up: ``model`` with the recipe applied
+    (``report``), the resolved ``plan``, the training ``stream`` and the first
+    ``cfg.eval_windows`` validation windows ``val [n, seq_len]`` (None without
+    ``validation``)."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    manifest: Manifest
+    cfg: TrainConfig
+    plan: TrainPlan
+    report: RecipeReport
+    stream: WindowStream
+    val: torch.Tensor | None
+    text: str | os.PathLike
+    validation: str | os.PathLike | None
+    source: dict[str, Any] | None
+
+
+def _start(loaded: LoadedModel, cfg: TrainConfig, text: str | os.PathLike,
+           validation: str | os.PathLike | None, source: dict[str, Any] | None,
+           memo: SweepMemo | None) -> _Session:
+    """Resolve the plan, seed the run, apply the recipe and tokenise the texts (through
+    ``memo`` when a sweep shares them)."""
     model, tokenizer = loaded.model, loaded.tokenizer
     manifest = loaded.manifest or dense_manifest(model, (source or {}).get("model"), cfg.seed)
     plan = resolve_plan(cfg, manifest)
@@ -118,67 +145,81 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     val = None
     if validation is not None:
         val = windows(validation, tokenizer, cfg.seq_len)[: cfg.eval_windows]
-    settings = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_TRAJECTORY}
-    digest = fingerprint({"config": settings, "plan": plan.to_dict(), "source": source,
-                          "text": [str(text), Path(text).stat().st_size],
-                          "lora": report.lora_injected})
-    ckpt = checkpoint_dir(out_dir)
-    log.info("training %s (%s) with recipe %s for %d steps (%d tokens/step), lr %.3g",
-             manifest.method, (source or {}).get("model"), plan.recipe, cfg.steps(),
-             cfg.global_batch * cfg.seq_len, plan.lr)
+    return _Session(model=model, tokenizer=tokenizer, manifest=manifest, cfg=cfg, plan=plan,
+                    report=report, stream=stream, val=val, text=text, validation=validation,
+                    source=source)
 
-    result = None
-    if plan.recipe == "none":
-        state = TrainState(log=[{"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": None}])
-    else:
-        result = run_loop(model, stream, val, cfg, plan, ckpt, digest, on_step, teacher,
-                          stop_step, None if memo is None else memo.start_ppl)
-        state = result.state
-        if result.stopped_at is not None:
-            return rung_record(state, cfg, plan.to_dict(), report.to_dict())
+
+def _fingerprint(run: _Session) -> str:
+    """The resume fingerprint: trajectory settings, plan, input model, training text and
+    the LoRA modules injected (a checkpoint resumes only under the same one)."""
+    settings = {k: v for k, v in run.cfg.to_dict().items() if k not in _NOT_TRAJECTORY}
+    return fingerprint({"config": settings, "plan": run.plan.to_dict(), "source": run.source,
+                        "text": [str(run.text), Path(run.text).stat().st_size],
+                        "lora": run.report.lora_injected})
+
+
+def _conclude(run: _Session, state: TrainState, result: LoopResult | None,
+              out_dir: str | os.PathLike, ckpt: Path, wall: float) -> Manifest:
+    """After the last step: merge LoRA, score the final held-out PPL (main process, in the
+    loop's compute dtype), and save model + manifest + log + curve (main process)."""
+    model, cfg = run.model, run.cfg
     model.eval()
     merged = merge_lora(model)
     main = is_main_process()  # with several processes only the main one evaluates and saves
     final_ppl = None
-    bf16 = bool(result is not None and result.bf16)  # evaluate as the loop did at step 0
-    device = model_device(model)
-    if val is not None and main:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            final_ppl = perplexity(model, val, batch_size=cfg.micro_batch)
+    if run.val is not None and main:
+        with torch.autocast(model_device(model).type, dtype=torch.bfloat16,
+                            enabled=_eval_bf16(result)):
+            final_ppl = perplexity(model, run.val, batch_size=cfg.micro_batch)
     state.log[-1]["ppl"] = final_ppl
+    entry = _history_entry(run, state, result, merged, final_ppl, wall)
+    out_manifest = run.manifest.with_history(entry)
+    if main:
+        out_manifest = _save(model, run.tokenizer, out_manifest, state.log, out_dir,
+                             title=f"{run.manifest.method} · recipe {run.plan.recipe}")
+        if not cfg.keep_checkpoint:
+            remove_checkpoint(ckpt)
+    log.info("trained %d steps, %d tokens in %.1fs; held-out ppl %s -> %s",
+             state.step, entry["tokens"], state.train_seconds, entry["ppl_before"], final_ppl)
+    return out_manifest
+
+
+def _eval_bf16(result: LoopResult | None) -> bool:
+    """Whether the final evaluation runs in bf16 autocast: as the loop did at step 0."""
+    return bool(result is not None and result.bf16)
+
+
+def _history_entry(run: _Session, state: TrainState, result: LoopResult | None,
+                   merged: int, final_ppl: float | None, wall: float) -> dict[str, Any]:
+    """The ``history`` entry of this run (keys in their manifest order)."""
+    cfg, plan, val, bf16 = run.cfg, run.plan, run.val, _eval_bf16(result)
     before = state.log[0]["ppl"] if state.log[0]["step"] == 0 else None
     tokens = state.position * cfg.seq_len
-    entry = {
+    return {
         "stage": "train", "recipe": plan.recipe, "plan": plan.to_dict(), "config": cfg.to_dict(),
-        "loss": cfg.loss, "teacher": (source or {}).get("teacher"),
-        "trainable": report.to_dict(), "lora_merged": merged,
-        "parameters_after": count_parameters(model),
-        "text": str(text), "validation": None if validation is None else str(validation),
+        "loss": cfg.loss, "teacher": (run.source or {}).get("teacher"),
+        "trainable": run.report.to_dict(), "lora_merged": merged,
+        "parameters_after": count_parameters(run.model),
+        "text": str(run.text),
+        "validation": None if run.validation is None else str(run.validation),
         "eval_windows": None if val is None else int(val.shape[0]),
         "eval_dtype": "bfloat16" if bf16 else "float32",
-        "device": str(device),
+        "device": str(model_device(run.model)),
         "token_budget": cfg.tokens, "tokens": tokens, "steps": state.step,
-        "epochs": round(stream.epochs(state.position), 4),
+        "epochs": round(run.stream.epochs(state.position), 4),
         "ppl_before": before, "final_ppl": final_ppl,
         "train_seconds": round(state.train_seconds, 3),
         "wall_seconds": round(time.perf_counter() - wall, 3),
-        "tokens_per_second": round(tokens / state.train_seconds, 2) if state.train_seconds else None,
+        "tokens_per_second": (round(tokens / state.train_seconds, 2) if state.train_seconds
+                              else None),
         "bf16": None if result is None else result.bf16,
         "accumulation": None if result is None else result.accumulation,
         "processes": None if result is None else result.processes,
         "resumed_from_step": None if result is None else result.resumed_from,
         "log": LOG_FILE, "curve": CURVE_FILE, "code_version": code_version(),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    out_manifest = manifest.with_history(entry)
-    if main:
-        out_manifest = _save(model, tokenizer, out_manifest, state.log, out_dir,
-                             title=f"{manifest.method} · recipe {plan.recipe}")
-        if not cfg.keep_checkpoint:
-            remove_checkpoint(ckpt)
-    log.info("trained %d steps, %d tokens in %.1fs; held-out ppl %s -> %s",
-             state.step, tokens, state.train_seconds, before, final_ppl)
-    return out_manifest
 
 
 def rung_record(state: TrainState, cfg: TrainConfig, plan: dict[str, Any],
@@ -204,7 +245,7 @@ def _save(model: torch.nn.Module, tokenizer: Any, manifest: Manifest,
           rows: list[dict[str, Any]], out_dir: str | os.PathLike, title: str) -> Manifest:
     """Model + manifest + log + curve, all appearing at ``out_dir`` together."""
     with atomic_directory(out_dir) as staged:
-        saved = save_compressed(model, tokenizer, manifest, staged)
+        saved = publish_compressed(model, tokenizer, manifest, staged)
         (staged / LOG_FILE).write_text(log_csv(rows))
         plot_loss_curve(rows, staged / CURVE_FILE, title=title)
     return saved

@@ -22,12 +22,18 @@ import logging
 import math
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from flexigpt import faults
-from flexigpt.artifacts import CheckpointError, atomic_directory, atomic_write_text, read_manifest
-from flexigpt.training.launch import barrier, is_main_process, shared
+from flexigpt.artifacts import read_manifest
+from flexigpt.fileio import CheckpointError, atomic_directory, atomic_write_text
+from flexigpt.training.config import TrainConfig
+from flexigpt.training.loop import TrainingDivergedError
+from flexigpt.training.memo import SweepMemo
+from flexigpt.training.processes import barrier, broadcast_from_main, is_main_process
+from flexigpt.training.runner import train_model
 
 if TYPE_CHECKING:
     from flexigpt.manifest import Manifest
@@ -136,9 +142,9 @@ def rung_step(steps: int, trials: int, rung: float) -> int:
 
 
 def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
-              configs: list[Any], points: list[dict[str, Any]], text: str | os.PathLike,
-              tune: str | os.PathLike, meta: dict[str, Any], rung: float = 0.5,
-              teacher: str | os.PathLike | None = None) -> dict[str, Any]:
+              configs: list[TrainConfig], points: list[dict[str, Any]],
+              text: str | os.PathLike, tune: str | os.PathLike, meta: dict[str, Any],
+              rung: float = 0.5, teacher: str | os.PathLike | None = None) -> dict[str, Any]:
     """Train the trials ``configs`` (TrainConfigs, one per grid ``points`` entry) of one run
     and save the best as ``out_dir`` with ``selection.json`` (see the module docstring).
 
@@ -156,77 +162,134 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         ValueError: empty grid, trials with different step counts, or no trial that
             finished with a finite tuning perplexity.
     """
-    from flexigpt.training import TrainingDivergedError, train_model
-    from flexigpt.training.runner import SweepMemo
+    steps = _grid_steps(configs, points)
+    k = rung_step(steps, len(configs), rung)
+    sweep = _Sweep(model_dir, configs, points, text, tune, teacher, steps,
+                   Path(out_dir).with_name(Path(out_dir).name + ".sweep"))
+    if k < steps:
+        records, best = _halving(sweep, k)
+    else:
+        records, best = _train_all(sweep)
+    selection = {**_selection(meta, records, best),
+                 "rung": {"step": k, "steps": steps, "fraction": k / steps}}
+    faults.point("sweep:publish")
+    if is_main_process():
+        _publish(sweep.trained(best), out_dir, selection)
+        for stored in sweep.scratch.glob(f"t*/{FINAL_FILE}"):  # first: never read back a
+            stored.unlink()                                    # half-removed model
+        shutil.rmtree(sweep.scratch, ignore_errors=True)
+    barrier()
+    log.info("chose trial %d of %d (lr %s, gamma_lr %s; tune ppl %.4f at step %d of %d)",
+             best, len(configs), selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
+             records[best]["tune_ppl"], k, steps)
+    return selection
 
+
+def _grid_steps(configs: list[TrainConfig], points: list[dict[str, Any]]) -> int:
+    """The step count every trial shares (ValueError: empty or mismatched grid, or trials
+    of different lengths)."""
     if not configs or len(configs) != len(points):
         raise ValueError(f"a sweep needs one config per grid point ({len(configs)} configs, "
                          f"{len(points)} points)")
     steps = configs[0].steps()
     if any(c.steps() != steps for c in configs):
         raise ValueError("every trial of a sweep must train the same number of steps")
-    k = rung_step(steps, len(configs), rung)
-    scratch = Path(out_dir).with_name(Path(out_dir).name + ".sweep")
-    trial_out = [scratch / f"t{i}" / "trained" for i in range(len(configs))]
-    records: list[dict[str, Any]] = [{} for _ in configs]
-    memo = SweepMemo()  # token windows and step-0 tune PPLs, computed once for all trials
+    return steps
 
-    def train(i: int, stop: int | None) -> Manifest | dict[str, Any] | str:
-        """The manifest (or rung record) of trial i, or the error message if it diverged."""
-        cfg = configs[i]
+
+@dataclass
+class _Sweep:
+    """The fixed inputs of one :func:`run_sweep`; trial i lives in ``scratch/t<i>/``."""
+
+    model_dir: str | os.PathLike
+    configs: list[TrainConfig]
+    points: list[dict[str, Any]]
+    text: str | os.PathLike
+    tune: str | os.PathLike
+    teacher: str | os.PathLike | None
+    steps: int
+    scratch: Path
+    memo: SweepMemo = field(default_factory=SweepMemo)  # computed once for all trials
+
+    def trial_dir(self, i: int) -> Path:
+        return self.scratch / f"t{i}"
+
+    def trained(self, i: int) -> Path:
+        """Where trial i's trained model is saved."""
+        return self.trial_dir(i) / "trained"
+
+    @overload
+    def train(self, i: int, stop: None) -> Manifest | str: ...
+    @overload
+    def train(self, i: int, stop: int) -> Manifest | dict[str, Any] | str: ...
+
+    def train(self, i: int, stop: int | None) -> Manifest | dict[str, Any] | str:
+        """Trial i trained to step ``stop`` (None: to the end): its manifest (its rung
+        record when stopped), or the error message if it diverged."""
+        cfg = self.configs[i]
         try:
-            return train_model(model_dir, trial_out[i], cfg, text=text, validation=tune,
-                               teacher=teacher, stop_step=stop, memo=memo)
+            return train_model(self.model_dir, self.trained(i), cfg, text=self.text,
+                               validation=self.tune, teacher=self.teacher, stop_step=stop,
+                               memo=self.memo)
         except TrainingDivergedError as err:  # a result of the sweep, not a failure
             log.warning("trial t%d (lr %s, gamma_lr %s) diverged: %s", i, cfg.lr,
                         cfg.gamma_lr, err)
             return str(err)
 
-    if k < steps:
-        for i, cfg in enumerate(configs):
-            records[i] = _rung(scratch / f"t{i}", cfg, points[i], k, model_dir,
-                               lambda i=i: train(i, k))
-        order = [i for _, i in sorted((r["tune_ppl"], i) for i, r in enumerate(records)
-                                      if _finite_score(r))]
-        log.info("rung at step %d of %d: tune ppl %s", k, steps,
-                 [r.get("tune_ppl") for r in records])
-    else:
-        order = list(range(len(configs)))
-    finished: list[int] = []
+    def final(self, i: int) -> dict[str, Any]:
+        """Trial i's record at the end of training (``final.json``: read back, or trained)."""
+        return _cached(self.trial_dir(i) / FINAL_FILE,
+                       _key(self.configs[i], self.steps, self.model_dir),
+                       lambda: _final(self.train(i, None), self.points[i]))
+
+
+def _halving(sweep: _Sweep, k: int) -> tuple[list[dict[str, Any]], int]:
+    """Successive halving with one rung at step ``k`` < steps: every trial to step k, then
+    the best at the rung to the end (the next best if it diverges).
+
+    Returns:
+        Every trial's record and the index of the one trained to the end.
+    """
+    records = [_rung(sweep.trial_dir(i), cfg, sweep.points[i], k, sweep.model_dir,
+                     lambda i=i: sweep.train(i, k))
+               for i, cfg in enumerate(sweep.configs)]
+    order = [i for _, i in sorted((r["tune_ppl"], i) for i, r in enumerate(records)
+                                  if _finite_score(r))]
+    log.info("rung at step %d of %d: tune ppl %s", k, sweep.steps,
+             [r.get("tune_ppl") for r in records])
     for i in order:
-        final = _cached(scratch / f"t{i}" / FINAL_FILE, _key(configs[i], steps, model_dir),
-                        lambda i=i: _final(train(i, None), points[i]))
+        final = sweep.final(i)
         if final.get("diverged"):  # after the rung: keep its score, mark it diverged
-            records[i] = ({**records[i], "diverged": True, "error": final["error"]}
-                          if k < steps else diverged_record(points[i], configs[i].lr,
-                                                            configs[i].gamma_lr,
-                                                            final["error"]))
+            records[i] = {**records[i], "diverged": True, "error": final["error"]}
             continue
-        if k < steps:
-            records[i] = {**records[i], "tune_ppl_final": final["tune_ppl"],
-                          "stopped_at_step": steps, "tokens": final["tokens"]}
-        else:
-            records[i] = {**final, "tune_ppl_final": final["tune_ppl"],
-                          "stopped_at_step": steps}
+        records[i] = {**records[i], "tune_ppl_final": final["tune_ppl"],
+                      "stopped_at_step": sweep.steps, "tokens": final["tokens"]}
+        return records, i
+    raise ValueError(f"no trial of {len(sweep.configs)} finished with a finite tuning "
+                     "perplexity")
+
+
+def _train_all(sweep: _Sweep) -> tuple[list[dict[str, Any]], int]:
+    """Every trial trained to the end (no rung); the best is the lowest final tune PPL.
+
+    Returns:
+        Every trial's record and the index of the best.
+    """
+    records: list[dict[str, Any]] = []
+    finished: list[int] = []
+    for i, cfg in enumerate(sweep.configs):
+        final = sweep.final(i)
+        if final.get("diverged"):
+            records.append(diverged_record(sweep.points[i], cfg.lr, cfg.gamma_lr,
+                                           final["error"]))
+            continue
+        records.append({**final, "tune_ppl_final": final["tune_ppl"],
+                        "stopped_at_step": sweep.steps})
         finished.append(i)
-        if k < steps:
-            break
     if not finished:
-        raise ValueError(f"no trial of {len(configs)} finished with a finite tuning perplexity")
-    best = finished[0] if k < steps else finished[best_trial([records[i] for i in finished])]
-    selection = {**_selection(meta, records, best),
-                 "rung": {"step": k, "steps": steps, "fraction": k / steps}}
-    faults.point("sweep:publish")
-    if is_main_process():
-        _publish(trial_out[best], out_dir, selection)
-        for stored in scratch.glob(f"t*/{FINAL_FILE}"):  # first: never read back a half-removed
-            stored.unlink()                              # model
-        shutil.rmtree(scratch, ignore_errors=True)
-    barrier()
-    log.info("chose trial %d of %d (lr %s, gamma_lr %s; tune ppl %.4f at step %d of %d)",
-             best, len(configs), selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
-             records[best]["tune_ppl"], k, steps)
-    return selection
+        raise ValueError(f"no trial of {len(sweep.configs)} finished with a finite tuning "
+                         "perplexity")
+    return records, finished[best_trial([records[i] for i in finished])]
 
 
 def _finite_score(record: dict[str, Any]) -> bool:
@@ -252,7 +315,8 @@ def _cached(path: Path, key: dict[str, Any], compute: Any) -> dict[str, Any]:
         if saved.get("key") == key:
             log.info("%s: read back", path)
             return saved["record"]
-    record = shared(compute())  # several processes: the main one's (it scored the trial)
+    # several processes: the main one's record (it scored the trial)
+    record = broadcast_from_main(compute())
     if is_main_process():
         atomic_write_text(path, json.dumps({"key": key, "record": record}, indent=2,
                                            default=str) + "\n")

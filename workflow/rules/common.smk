@@ -5,14 +5,16 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from flexigpt.code_deps import rule_code_version
-from flexigpt.config_check import check_ratios, check_resources, raise_problems
-from flexigpt.dag import PROMPT_TEXT, RunGrid, checkout_on_pythonpath
+from flexigpt.config_check import check_ratios, raise_problems
+from flexigpt.dag import RunGrid
+from flexigpt.resource_check import check_resources
 from flexigpt.schedule import Priorities
+from flexigpt.workflow_support import PROMPT_TEXT, checkout_on_pythonpath
 
 # jobs import the harness from this checkout (under --use-conda their environment holds only
 # its dependencies: workflow/envs/flexigpt.yaml)
 checkout_on_pythonpath(workflow.basedir)
-validate(config, schema="../schemas/config.schema.yaml")
+validate(config, schema="../schemas/config.schema.yaml")  # also fills the schema's defaults
 # ratios that would merge into one run directory, or name one the DAG cannot match, first
 raise_problems(((item, "") for item in check_ratios(config)))
 # builds every run's method config and TrainConfigs, checks sizes, ratio reach and model
@@ -26,7 +28,7 @@ def code_of(script):
     rerun when that code changes, and only then (editing a plot reruns only the tables)."""
     return rule_code_version(Path(workflow.basedir) / "workflow" / "scripts" / f"{script}.py")
 
-JOB_THREADS = config.get("jobs", {}).get("threads", 2)  # torch threads of each heavy job
+JOB_THREADS = config["jobs"]["threads"]  # torch threads of each heavy job
 
 
 def local_cores(cap=16):
@@ -39,9 +41,9 @@ def local_cores(cap=16):
     except WorkflowError:
         return cap
 
-JOB_GPU = config.get("jobs", {}).get("gpu", 1)  # `gpu` resource units each heavy job holds
+JOB_GPU = config["jobs"]["gpu"]  # `gpu` resource units each heavy job holds
 # processes of a train job (None: one per GPU the job holds, when it holds several)
-TRAIN_PROCESSES = config.get("jobs", {}).get("train_processes")
+TRAIN_PROCESSES = config["jobs"].get("train_processes")
 TABLES_DIR = f"results/{config['model']['key']}/tables"  # this config's tables and figures
 
 

@@ -1,14 +1,17 @@
 """Block Influence of every block of {model}, computed once and reused by FlexiGPT/ShortGPT."""
 
 import json
+from typing import Any
 
-from flexigpt.artifacts import atomic_write_text
 from flexigpt.block_influence import block_influence
 from flexigpt.calibration import token_windows
 from flexigpt.devices import model_device
+from flexigpt.fileio import atomic_write_text
 from flexigpt.models import load_model
 from flexigpt.provenance import setup_run
-from flexigpt.dag import script_logging
+from flexigpt.workflow_support import script_logging
+
+snakemake: Any  # injected by Snakemake's script: directive
 
 log = script_logging(snakemake.log[0], snakemake.threads)
 cal = snakemake.params.calibration

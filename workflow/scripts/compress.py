@@ -2,11 +2,14 @@
 a like-for-like baseline gets the achieved ratio of the model it is matched to."""
 
 import json
+from typing import Any
 
 from flexigpt.api import compress
 from flexigpt.artifacts import read_manifest
 from flexigpt.registry import get_method
-from flexigpt.dag import script_logging
+from flexigpt.workflow_support import script_logging
+
+snakemake: Any  # injected by Snakemake's script: directive
 
 log = script_logging(snakemake.log[0], snakemake.threads)
 run = snakemake.params.run

@@ -1,7 +1,11 @@
 """Perplexity (+ zero-shot tasks at stage final) of one model into one result JSON."""
 
+from typing import Any
+
 from flexigpt.evaluation import evaluate_model
-from flexigpt.dag import script_logging
+from flexigpt.workflow_support import script_logging
+
+snakemake: Any  # injected by Snakemake's script: directive
 
 script_logging(snakemake.log[0], snakemake.threads)
 ev = dict(snakemake.params.evaluation)

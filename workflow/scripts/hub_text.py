@@ -1,7 +1,11 @@
 """A text file from a hub dataset (paper setting: MiniPile, SlimPajama)."""
 
+from typing import Any
+
 from flexigpt.resources.hub_text import build_hub_text
-from flexigpt.dag import script_logging
+from flexigpt.workflow_support import script_logging
+
+snakemake: Any  # injected by Snakemake's script: directive
 
 script_logging(snakemake.log[0])
 source = snakemake.params.source

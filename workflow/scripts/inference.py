@@ -1,7 +1,11 @@
 """Relative inference time and throughput of the models of Tables 6/7, in one process."""
 
+from typing import Any
+
 from flexigpt.evaluation.inference import run_inference_cost
-from flexigpt.dag import PROMPT_TEXT, script_logging
+from flexigpt.workflow_support import PROMPT_TEXT, script_logging
+
+snakemake: Any  # injected by Snakemake's script: directive
 
 script_logging(snakemake.log[0], snakemake.threads)
 inputs = dict(snakemake.input.items())

@@ -13,11 +13,14 @@ section), also the budget tables and figures (:func:`flexigpt.tables.budget.buil
 """
 
 from pathlib import Path
+from typing import Any
 
-from flexigpt.artifacts import atomic_write_text
+from flexigpt.fileio import atomic_write_text
 from flexigpt.tables import build_all
 from flexigpt.tables.budget import build_budget
-from flexigpt.dag import script_logging
+from flexigpt.workflow_support import script_logging
+
+snakemake: Any  # injected by Snakemake's script: directive
 
 log = script_logging(snakemake.log[0])
 params = snakemake.params

@@ -4,12 +4,16 @@ resumes from the trials' checkpoints after a kill). On several processes (``acce
 launch``) when ``jobs.train_processes`` says so or the job holds several visible GPUs
 (:mod:`flexigpt.training.launch`)."""
 
+from typing import Any
+
 from flexigpt.training.launch import processes_for, run_launched, run_spec
 from flexigpt.training.tuning import budget_of, chosen_rates
-from flexigpt.dag import script_logging
+from flexigpt.workflow_support import script_logging
+
+snakemake: Any  # injected by Snakemake's script: directive
 
 log = script_logging(snakemake.log[0], snakemake.threads)
-shared = {}
+shared: dict[str, int | float] = {}
 if "budget" in snakemake.input.keys():
     shared["lora_budget"] = budget_of(snakemake.input.budget)
     log.info("trainable budget %d from %s", shared["lora_budget"], snakemake.input.budget)

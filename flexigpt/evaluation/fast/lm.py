@@ -211,8 +211,8 @@ class FastHFLM(HFLM):
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         pbar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0,
                     desc="Running loglikelihood requests (fast)")
-        for rows in batches:
-            for index, answer in self._score_batch(rows):
+        for buckets in batches:
+            for index, answer in self._score_batch(buckets):
                 results[index] = answer
                 request_str = requests[index][0]
                 if request_str is not None:
@@ -246,7 +246,8 @@ class FastHFLM(HFLM):
             keep[b, nodes] = True
         slot = torch.full(ids.shape, -1, dtype=torch.long)
         slot[keep] = torch.arange(int(keep.sum()))
-        sel, tgt, owner, index = [], [], [], []
+        sel, tgt, owner = [], [], []
+        index: list[int] = []
         for b, nodes, s in scored:
             sel.extend(slot[b, nodes].tolist())
             tgt.extend(s.targets)

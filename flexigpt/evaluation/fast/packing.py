@@ -247,7 +247,8 @@ def collate_flat(buckets: list[list[PackedRow]], pad_id: int,
         ``input_ids [1, N]``, ``position_ids [1, N]``, the :class:`TreeLayout` (per bucket a
         bool mask ``[rows, 1, W, W]``) and the sequence offset of each row, in bucket order.
     """
-    ids, pos, layout, starts = [], [], [], []
+    ids, pos, layout = [], [], []
+    starts: list[int] = []
     offset = 0
     for rows in buckets:
         width = len(rows[0])

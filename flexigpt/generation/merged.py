@@ -1,4 +1,4 @@
-"""Opt-in lean decode path: replacement linears with precomputed merged weights.
+"""Opt-in merged-weights decode path: replacement linears with precomputed merged weights.
 
 At batch 1 a :class:`~flexigpt.methods.sharing.SharedLoRALinear` costs the shared base
 matmul plus two thin adapter matmuls (and their dispatch). :func:`merge_replacement_linears`

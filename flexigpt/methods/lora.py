@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,7 +34,7 @@ class RecoveryLoRALinear(nn.Module):
         self.base_layer = base
         self.rank, self.alpha = rank, alpha
         self.scaling = alpha / rank
-        kwargs = {"device": base.weight.device, "dtype": base.weight.dtype}
+        kwargs: dict[str, Any] = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **kwargs))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **kwargs))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))

@@ -5,7 +5,7 @@ only the data source swapped for ``<benchmarks>/<task>/<split>.jsonl``. The same
 as a YAML file (``include:`` of the built-in YAML + ``dataset_path: json`` + ``data_files``)
 lets the stock CLI score exactly the same documents with the same prompts and metrics::
 
-    python -c "from flexigpt.export.lm_eval_tasks import write_task_yamls as w; w('resources/benchmarks', 'lm_eval_tasks')"
+    python -c "from flexigpt.evaluation.lm_eval_tasks import write_task_yamls as w; w('resources/benchmarks', 'lm_eval_tasks')"
     lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True,add_bos_token=False,dtype=float32 \\
         --include_path lm_eval_tasks --tasks arc_easy --device cpu --batch_size 16
 
@@ -37,6 +37,7 @@ def write_task_yamls(benchmarks_dir: str | os.PathLike, out_dir: str | os.PathLi
     written = []
     for name in tasks or PAPER_TASKS:
         spec = local_config(name, benchmarks_dir)
+        assert spec.config is not None  # a local config is always a dict
         entry = {"include": str(Path(task_manager().task_index[name].yaml_path).resolve()),
                  "task": name, "tag": [], "dataset_path": "json", "dataset_name": None,
                  "dataset_kwargs": spec.config["dataset_kwargs"]}

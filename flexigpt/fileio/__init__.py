@@ -1,0 +1,50 @@
+"""Pure file I/O of the harness (core layer: imports nothing from the harness but
+:mod:`flexigpt.faults`).
+
+    flexigpt.fileio.outputs   outputs that appear complete or not at all: atomic_directory,
+                              atomic_write_text/bytes, the output marker, check_output,
+                              clean_partials, force_outputs, sha256_file
+    flexigpt.fileio.checks    a directory holds only what was recorded, nothing outside
+                              itself: check_inside, check_listed, unlisted, verify_files,
+                              verify_marker
+
+Every public name of both is importable from here.
+"""
+
+from __future__ import annotations
+
+from flexigpt.fileio.checks import (
+    PICKLE_SUFFIXES,
+    REWRITABLE,
+    WORKFLOW_FILES,
+    check_inside,
+    check_listed,
+    escapes,
+    unlisted,
+    verify_files,
+    verify_marker,
+)
+from flexigpt.fileio.outputs import (
+    MANIFEST,
+    MARKER,
+    CheckpointError,
+    OutputExistsError,
+    atomic_directory,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_output,
+    clean_partials,
+    current_umask,
+    force_outputs,
+    kind_of,
+    read_json_or_none,
+                                    sha256_file,
+    tree_entries,
+)
+
+__all__ = ["MANIFEST", "MARKER", "PICKLE_SUFFIXES", "REWRITABLE", "WORKFLOW_FILES",
+           "CheckpointError", "OutputExistsError", "atomic_directory", "atomic_write_bytes",
+           "atomic_write_text", "check_inside", "check_listed", "check_output",
+           "clean_partials", "current_umask", "escapes", "force_outputs", "kind_of",
+           "read_json_or_none", "sha256_file", "tree_entries", "unlisted", "verify_files",
+           "verify_marker"]
