@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "extend": "flexigpt.commands.extend",
     "evaluate": "flexigpt.commands.evaluate",
     "tables": "flexigpt.commands.tables",
+    "archive": "flexigpt.commands.archive",
     "export": "flexigpt.commands.export",
     "generate": "flexigpt.commands.generate",
     "run": "flexigpt.commands.run",

@@ -333,7 +333,7 @@ def test_default_config_grid_is_unchanged():
 
 def test_tables_script_writes_the_ladder(tmp_path, monkeypatch):
     """The tables rule's script: the budget table and figure beside the other tables, listed
-    in index.txt."""
+    in index.txt, the table in report.md too."""
     import runpy
 
     from conftest import Named
@@ -357,3 +357,4 @@ def test_tables_script_writes_the_ladder(tmp_path, monkeypatch):
     listed = (out / "index.txt").read_text().split()
     assert "budget_smollm2-135m_r0.3.md" in listed and "fig_budget_smollm2-135m_r0.3.png" in listed
     assert "table1_smollm2-135m.md" in listed
+    assert "against the recovery budget" in (out / "report.md").read_text()  # ladder in report

@@ -19,6 +19,8 @@ import yaml
 
 from conftest import link_resources
 from flexigpt.dag import RunGrid
+from flexigpt.dag.archive import archive_run
+from flexigpt.tables.archive import rebuild
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,3 +66,16 @@ def test_smoke_dag_end_to_end(tmp_path, key, tiny_resources):
     # * marks exactly the recovery-trained rows (smoke config: ShortGPT + LoRA and FlexiGPT)
     assert "| FlexiGPT* |" in md and "| ShortGPT + LoRA* |" in md
     assert "| SliceGPT* |" not in md and "| LLM-Pruner* |" not in md
+
+    # the run's archive (table inputs + per-document records, no weights) rebuilds its tables
+    # exactly, without the models (flexigpt archive; flexigpt tables --archive)
+    archive = tmp_path / "archive"
+    archive_run(config, archive, workdir=tmp_path)
+    assert not [p for p in archive.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt")]
+    assert list(archive.rglob("*.samples.jsonl.gz")) and list(archive.rglob("*.windows.json"))
+    rebuilt = [p for p in rebuild(archive, tmp_path / "rebuilt", formats=("md", "csv"),
+                                  make_plots=False) if p.suffix in (".md", ".csv")]
+    assert any(p.name == f"table1_{key}.csv" for p in rebuilt)
+    tables = tmp_path / f"results/{key}/tables"
+    for path in rebuilt:
+        assert path.read_text() == (tables / path.name).read_text(), path.name

@@ -10,6 +10,8 @@ HELP = "build the paper's tables and figures from evaluation/timing results"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", help="results tree to discover inputs in (JSONs are "
                                      "classified by content; train_log.csv, manifest.json)")
+    p.add_argument("--archive", help="a run archive (flexigpt archive): rebuild its tables from "
+                                     "the inputs it lists (replaces the other inputs)")
     p.add_argument("--out", required=True, help="output directory for tables and figures")
     p.add_argument("--result-files", nargs="+", metavar="JSON",
                    help="explicit evaluation result JSONs (replaces discovery)")
@@ -26,11 +28,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flexigpt.tables import build_all
+    from flexigpt.tables.archive import rebuild
 
+    formats = tuple(f for f in args.formats.split(",") if f)
+    if args.archive:
+        given = [f for f in ("results", "result_files", "timing_files", "train_logs", "manifests")
+                 if getattr(args, f)]
+        if given:
+            raise ValueError(f"--archive lists its own inputs; drop --{given[0].replace('_', '-')}")
+        written = rebuild(args.archive, args.out, formats=formats, make_plots=not args.no_plots)
+        print(f"wrote {len(written)} files to {args.out}")
+        return 0
     written = build_all(args.results, args.out, results=args.result_files,
                         timings=args.timing_files, train_logs=args.train_logs,
                         manifests=args.manifests, published=args.published,
-                        formats=tuple(f for f in args.formats.split(",") if f),
+                        formats=formats,
                         make_plots=not args.no_plots)
     print(f"wrote {len(written)} files to {args.out}")
     return 0

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -180,28 +181,58 @@ def ladder_table(model: str, ratio: float, points: list[Point],
                  _csv(model, ratio, points, trends, epochs))
 
 
-def build_budget(results: list[str | os.PathLike], out_dir: str | os.PathLike, *,
-                 train_logs: list[str | os.PathLike] | None = None,
+@dataclass
+class Ladder:
+    """One ladder of the results: its table (``budget_<model>_r<ratio>``) and what its
+    figure needs."""
+
+    model: str
+    ratio: float
+    points: list[Point]
+    trends: dict[str, MetricTrend | None]
+    display: str | None
+    table: Table
+
+    def figure(self, out_dir: str | os.PathLike) -> list[Path]:
+        """``fig_budget_<model>_r<ratio>.png``: the files written."""
+        return ladder_figure(self.model, self.ratio, self.points, self.trends, out_dir,
+                             self.display)
+
+
+def find_ladders(results: Sequence[str | os.PathLike], *,
+                 train_logs: Sequence[str | os.PathLike] | None = None,
                  model_names: Mapping[str, str] | None = None,
-                 formats: tuple[str, ...] = ("md", "csv"), make_plots: bool = True,
-                 n_boot: int = stats.N_BOOT) -> list[Path]:
-    """Every ladder of the ``results`` (evaluation JSONs): its table (``budget_*``, in
-    ``formats``) and figure (``fig_budget_*``); ``train_logs`` locate the trained
-    manifests whose ``epochs`` say whether a budget saw its text more than once. Returns the
-    files written (none without a ladder: no result of table ``budget``)."""
+                 n_boot: int = stats.N_BOOT) -> list[Ladder]:
+    """Every ladder of the ``results`` (evaluation JSONs), with its fitted trends;
+    ``train_logs`` locate the trained manifests whose ``epochs`` say whether a budget saw
+    its text more than once. Empty without a ladder (no result of table ``budget``)."""
     df = collect_results(list(results))
     if df.empty or not table_of(df).eq("budget").any():
         log.info("no budget ladder in the results: budget tables skipped")
         return []
     agg, store = aggregate(df), RecordStore(df)
     epochs = read_epochs(list(train_logs or []))
-    written: list[Path] = []
+    found: list[Ladder] = []
     for model in dict.fromkeys(agg["model"]):
         display = (model_names or {}).get(model)
         for ratio, points in ladders(agg, model).items():
             trends = {m: metric_trend(points, store, m, n_boot=n_boot) for m in METRICS}
-            written += write_table(ladder_table(model, ratio, points, trends, epochs, display),
-                                   out_dir, formats)
-            if make_plots:
-                written += ladder_figure(model, ratio, points, trends, out_dir, display)
+            found.append(Ladder(model, ratio, points, trends, display,
+                                ladder_table(model, ratio, points, trends, epochs, display)))
+    return found
+
+
+def build_budget(results: list[str | os.PathLike], out_dir: str | os.PathLike, *,
+                 train_logs: list[str | os.PathLike] | None = None,
+                 model_names: Mapping[str, str] | None = None,
+                 formats: tuple[str, ...] = ("md", "csv"), make_plots: bool = True,
+                 n_boot: int = stats.N_BOOT) -> list[Path]:
+    """Write every ladder's table (in ``formats``) and figure (:func:`find_ladders`);
+    returns the files written (none without a ladder)."""
+    written: list[Path] = []
+    for ladder in find_ladders(results, train_logs=train_logs, model_names=model_names,
+                               n_boot=n_boot):
+        written += write_table(ladder.table, out_dir, formats)
+        if make_plots:
+            written += ladder.figure(out_dir)
     return written

@@ -14,6 +14,7 @@ import pandas as pd
 
 from flexigpt.fileio import atomic_write_text
 from flexigpt.tables import ablation, build, sweep, timing
+from flexigpt.tables.budget import find_ladders
 from flexigpt.tables.build import aggregate
 from flexigpt.tables.collect import (
     Inputs,
@@ -77,7 +78,8 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     """Write Tables 1, 4, 5, 6, 7, the paper-protocol and KD tables and the LR-sweep table
     (per model, where inputs exist), ``verdicts`` / ``comparisons`` (paired bootstrap
     intervals from the per-document records; :mod:`flexigpt.tables.verdicts`), a
-    ``report.md`` holding every Markdown table (verdicts first) and the figures. Cells of
+    ``report.md`` holding every Markdown table (verdicts first, budget ladders last:
+    :mod:`flexigpt.tables.budget`) and the figures. Cells of
     rows with records carry 95 % interval half-widths (:mod:`flexigpt.tables.intervals`).
 
     Args:
@@ -109,10 +111,16 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
         log.info("no evaluation results: tables 1, 4, 5 skipped")
     written, summary = _result_tables(data, models, names, out, formats)
     written += _timing_and_sweep_tables(data, names, out, formats)
+    ladders = find_ladders(inputs.results, train_logs=inputs.train_logs, model_names=names)
+    for ladder in ladders:
+        written += write_table(ladder.table, out, tuple(f for f in formats if f != "tex"))
+        summary.append(ladder.table)
     written += _report_pages(summary, out, formats)
     if make_plots:
         written += _figures(data.agg, data.logs, data.records, root, out, names)
         written += _sweep_figures(data.sel, out, names)
+        for ladder in ladders:
+            written += ladder.figure(out)
     index = out / "index.txt"
     atomic_write_text(index, "".join(f"{p.relative_to(out)}\n" for p in written))
     log.info("wrote %d files to %s", len(written), out)

@@ -8,16 +8,13 @@ Params read from the rule (only ``figures`` is required):
   model_names  dict model key → display name for titles; default: the key
 
 When the results hold a budget ladder (results of table ``budget``: the config's ``budget:``
-section), also the budget tables and figures (:func:`flexigpt.tables.budget.build_budget`:
-``budget_*.md/.csv``, ``fig_budget_*.png``), listed in ``index.txt`` after the others.
+section), :func:`~flexigpt.tables.build_all` also writes the budget tables and figures
+(``budget_*.md/.csv``, ``fig_budget_*.png``; :mod:`flexigpt.tables.budget`).
 """
 
-from pathlib import Path
 from typing import Any
 
-from flexigpt.fileio import atomic_write_text
 from flexigpt.tables import build_all
-from flexigpt.tables.budget import build_budget
 from flexigpt.workflow_support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive
@@ -32,12 +29,4 @@ figures.setdefault("selections", [])  # an explicit list: no discovery under res
 written = build_all("results", snakemake.output[0], results=list(snakemake.input.evals),
                     timings=list(snakemake.input.inference),
                     model_names=dict(params.get("model_names") or {}), **figures)
-out = Path(snakemake.output[0])
-ladder = build_budget(list(snakemake.input.evals), out,
-                      train_logs=figures.get("train_logs") or [],
-                      model_names=dict(params.get("model_names") or {}))
-if ladder:
-    index = out / "index.txt"
-    listed = index.read_text() if index.is_file() else ""
-    atomic_write_text(index, listed + "".join(f"{p.relative_to(out)}\n" for p in ladder))
-log.info("wrote %d files", len(written) + len(ladder))
+log.info("wrote %d files", len(written))

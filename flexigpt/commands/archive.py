@@ -1,0 +1,30 @@
+"""flexigpt archive: copy a finished run's table inputs (no weights) so its tables rebuild
+anywhere (``flexigpt tables --archive DIR``)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "copy a finished run's table inputs and per-document records (no weights) to --out"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--configfile", default="config/config.yaml",
+                   help="the config the run used (default: config/config.yaml)")
+    p.add_argument("--workdir", default=".", help="the run's working directory (default: .)")
+    p.add_argument("--out", required=True, help="new directory for the archive")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from flexigpt.config_check import check_config_files
+    from flexigpt.dag.archive import archive_run
+
+    check_config_files([args.configfile])
+    config = yaml.safe_load(Path(args.configfile).read_text())
+    written = archive_run(config, args.out, workdir=args.workdir)
+    print(f"archived {len(written) - 1} files to {args.out} (index: {written[-1]})")
+    return 0
