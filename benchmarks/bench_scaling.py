@@ -130,13 +130,14 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
                  "peak_rise_mib": round((rss.peak - rss.start) / 2**20, 1)}
 
 
-def flexigpt_stages(model: torch.nn.Module, calib: torch.Tensor, ratio: float,
-                    rank: int | None) -> tuple[torch.nn.Module, dict[str, Any], dict]:
-    """FlexiGPT compression of a copy: (model, info, per-stage figures)."""
+def flexigpt_stages(model: torch.nn.Module, calib: torch.Tensor, ratio: float, rank: int | None,
+                    svd: str = "exact") -> tuple[torch.nn.Module, dict[str, Any], dict]:
+    """FlexiGPT compression of a copy with the ``svd`` solver: (model, info, per-stage
+    figures)."""
     from flexigpt.methods.prune import FlexiGPTConfig, compress
 
     work = copy.deepcopy(model)
-    cfg = FlexiGPTConfig(ratio=ratio, rank=rank)
+    cfg = FlexiGPTConfig(ratio=ratio, rank=rank, svd=svd)
     with torch.no_grad():
         result, fig = measure(lambda: compress(work, None, calib, cfg))
     t = result.info["timings"]
@@ -228,9 +229,10 @@ def measure_size(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     log.info("%s: %.1f M parameters", shape, row["params"] / 1e6)
     row["stages"]["eval_forward"] = eval_forward(model, args.eval_batch, args.eval_seq_len, vocab)
     log.info("%s eval_forward %s", shape, row["stages"]["eval_forward"])
-    compressed, info, stages = flexigpt_stages(model, calib, args.ratio, None)
+    compressed, info, stages = flexigpt_stages(model, calib, args.ratio, None, args.svd)
     row["stages"].update(stages)
     row["flexigpt"] = {"pruned_blocks": info["pruned_blocks"], "k": info["k"],
+                       "base_map": info["base_map"], "svd": args.svd,
                        "trainable": info["recovery"].get("trainable_params")}
     log.info("%s flexigpt %s", shape, stages)
     row["stages"]["train_step"] = train_step(compressed, info, args.train_seq_len,
@@ -417,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure nothing: redo the fit and tables of the figures in --out")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--svd", default="exact", choices=("auto", "exact", "randomized"),
+                   help="FlexiGPT's top-r SVD solver (flexigpt.methods.truncated_svd; the "
+                        "committed figures are 'exact')")
     p.add_argument("--out", default="results/bench/bench_scaling.json")
     p.add_argument("--plot", action="store_true", help="also write <out>.png")
     args = p.parse_args(argv)

@@ -104,13 +104,12 @@ def _checked_request(method: str, options: dict[str, Any] | None, calibration: s
 def _check_loaded(method: str, spec: Any, model: Any, cfg: Any, accept_ratio_miss: bool,
                   calibration_seq_len: int) -> None:
     """The checks of a :func:`compress` call that need the loaded dense ``model``, before any
-    work: its family, the FlexiGPT rank, the block-count ratio's reach and the calibration
-    window length against the model's positions."""
+    work: its family, the method's own check (``Method.check_model``: e.g. FlexiGPT's rank),
+    the block-count ratio's reach and the calibration window length against the model's
+    positions."""
     spec.check_family(model)
-    if method == "flexigpt":
-        from flexigpt.methods.surgery import check_flexigpt_rank
-
-        check_flexigpt_rank(model, cfg)
+    if spec.check_model is not None:
+        spec.check_model(model, cfg)
     check_ratio_reach(method, model, cfg, accept_ratio_miss)
     if spec.needs_calibration:
         check_positions(model.config, calibration_seq_len, "--seq-len (calibration window)")

@@ -32,7 +32,7 @@ from typing import Any
 from flexigpt.methods.surgery import default_rank, matrix_ranks, saving_per_block
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
-from flexigpt.registry import METHODS
+from flexigpt.registry import METHODS, validate_ratio
 
 POLICIES = ("matched", "paper")
 #: how a block-count method's removal changes the parameter count (``MethodFacts.block_count``)
@@ -203,3 +203,31 @@ def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
     target = match if cfg.policy == "matched" and match is not None else cfg.ratio
     n_blocks, achieved = achieved_curve(removal, model, cfg)
     return plan(cfg.policy, target, n_blocks, achieved, accept_miss, what)
+
+
+def check_count_options(cfg: Any) -> None:
+    """Config-edge check of a block-count method's ``ratio``, ``match_ratio`` (None or a
+    ratio) and ``policy`` (:data:`POLICIES`); normalises the ratios to floats.
+
+    Raises:
+        ValueError: naming the bad field.
+    """
+    cfg.ratio = validate_ratio(cfg.ratio)
+    if cfg.match_ratio is not None:
+        cfg.match_ratio = validate_ratio(cfg.match_ratio, "match_ratio")
+    if cfg.policy not in POLICIES:
+        raise ValueError(f"policy must be one of {list(POLICIES)}, got {cfg.policy!r}")
+
+
+def uniform_block_size(model: Any, method: str) -> int:
+    """The parameter count of every decoder block of ``model`` (span methods count removed
+    parameters per block, so the span's position must not matter).
+
+    Raises:
+        ValueError: the blocks differ in size.
+    """
+    sizes = {count_parameters(b) for b in get_adapter(model).layers(model)}
+    if len(sizes) != 1:
+        raise ValueError(f"{method} counts removed parameters per block; this model's blocks "
+                         f"differ in size ({sorted(sizes)})")
+    return sizes.pop()

@@ -28,14 +28,10 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Protocol
 
 from flexigpt.model_skeletons import checkpoint_skeleton, resource_skeleton
 
-#: LoRA-rank options clamped to min(out, in) per matrix: useful only below the hidden size.
-LORA_RANK_OPTIONS = {"flexigpt_extend": ("rank",), "shortgpt_lora": ("lora_rank",),
-                     "slicegpt": ("lora_rank",)}
 MAX_LISTED = 10
 #: run directory of a ratio (``flexigpt.dag``: ``setting = f"r{ratio:g}"``) and the form the
 #: DAG's ``setting`` wildcard accepts
@@ -179,30 +175,12 @@ def check_reach(run: RunView, cfg: Any, model: Any) -> str | None:
 
 
 def check_sizes(run: RunView, cfg: Any, model: Any) -> tuple[str, str] | None:
-    """``(option, problem)`` when a size option of ``cfg`` is useless on ``model``."""
-    from flexigpt.methods.surgery import check_distance_rank, check_flexigpt_rank
+    """``(option, problem)`` when a size option of ``cfg`` is useless on ``model`` (the
+    method's ``Method.check_sizes``)."""
+    from flexigpt.registry import get_method
 
-    if run.method == "flexigpt":
-        try:
-            check_distance_rank(model, cfg)
-        except ValueError as err:
-            return "distance_rank", str(err)
-    ranks = {"flexigpt": "rank", "shortgpt_lora": "flexigpt_rank"}
-    name = ranks.get(run.method)
-    if name is not None and (name == "rank" or getattr(cfg, name) is not None):
-        probe = cfg if name == "rank" else SimpleNamespace(rank=getattr(cfg, name))
-        try:
-            check_flexigpt_rank(model, probe)  # the bound flexigpt.api.compress applies
-        except ValueError as err:
-            return name, str(err) if name == "rank" else f"{name}: {err}"
-    hidden = int(model.config.hidden_size)
-    for option in LORA_RANK_OPTIONS.get(run.method, ()):
-        value = getattr(cfg, option, None)
-        if isinstance(value, int) and value >= hidden:
-            return option, (f"{option} {value} is not below the model's hidden size {hidden} "
-                            f"(LoRA ranks are clamped per matrix); the largest useful "
-                            f"{option} is {hidden - 1}")
-    return None
+    hook = get_method(run.method).check_sizes
+    return None if hook is None else hook(model, cfg)
 
 
 def check_run_options(config: dict[str, Any], grid: GridView,

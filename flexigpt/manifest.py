@@ -134,11 +134,14 @@ class Weights:
         return out
 
 
-def _migrate_head_bias(method: str, structure: JSON) -> JSON:
-    """SliceGPT structures written before OPT support lack ``head_bias``: no head bias."""
-    if method == "slicegpt" and "head_bias" not in structure:
-        return {**structure, "head_bias": False}
-    return structure
+def _structure_defaults(method: str, structure: JSON) -> JSON:
+    """Keys a method's structure gained later, with the value older models mean
+    (``MethodFacts.structure_defaults``: e.g. SliceGPT's ``head_bias``, added with OPT)."""
+    from flexigpt.registry import METHODS
+
+    facts = METHODS.get(method)
+    missing = {k: v for k, v in (facts.structure_defaults if facts else ()) if k not in structure}
+    return {**structure, **missing} if missing else structure
 
 
 def _check_paths(source: str, data: JSON) -> None:
@@ -165,7 +168,7 @@ def _migrate_files(data: JSON) -> JSON:
 
 
 #: structure keys later code added (applied by :func:`migrate_structure`)
-STRUCTURE_MIGRATIONS: tuple[Callable[[str, JSON], JSON], ...] = (_migrate_head_bias,)
+STRUCTURE_MIGRATIONS: tuple[Callable[[str, JSON], JSON], ...] = (_structure_defaults,)
 
 
 def migrate_structure(method: str, structure: JSON) -> JSON:

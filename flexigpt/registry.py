@@ -111,6 +111,22 @@ class Method:
         rebuild: ``(hf_config, structure) -> nn.Module`` an initialised skeleton with the
             compressed architecture; weights are loaded into it afterwards.
         recovery: default trainable-set recipe name for ``flexigpt train`` (see train.py).
+        description: one line for model cards and ``--help``.
+
+    Optional hooks (None: the method needs none) — everything method-specific the rest of
+    the harness asks, so that no module outside the method's folder branches on its key:
+        check_model: ``(model, cfg) -> None``; raise ``ValueError`` when ``cfg`` cannot
+            work on the loaded (or skeleton) ``model`` (``flexigpt.api.compress`` and the
+            DAG's config check call it before any work).
+        check_sizes: ``(model, cfg) -> (option, problem) | None``: a size option that is
+            useless on ``model`` (the DAG's config check names the option).
+        draft_skip: ``(structure) -> [block positions]``: the blocks a self-speculative
+            draft of a saved model skips (``flexigpt generate --speculative``).
+        plain: ``(loaded, unshare) -> (stock model, how)`` for a saved model that is not
+            already a stock checkpoint; raise :class:`NotExportable` (why) where no stock
+            model computes the same function (``flexigpt export``).
+        card_lines: ``(manifest) -> [Markdown lines]`` describing the saved structure in
+            its model card.
     """
 
     name: str
@@ -119,6 +135,11 @@ class Method:
     rebuild: Callable[..., nn.Module]
     recovery: str = "none"
     description: str = ""
+    check_model: Callable[[Any, Any], None] | None = None
+    check_sizes: Callable[[Any, Any], tuple[str, str] | None] | None = None
+    draft_skip: Callable[[dict[str, Any]], list[int]] | None = None
+    plain: Callable[[Any, bool], tuple[Any, str]] | None = None
+    card_lines: Callable[[Any], list[str]] | None = None
 
     @property
     def needs_calibration(self) -> bool:
@@ -151,6 +172,10 @@ class Method:
         return self.config_cls(**options)
 
 
+class NotExportable(ValueError):
+    """A saved model with no exact stock (plain transformers) form; the message says why."""
+
+
 @dataclass(frozen=True)
 class MethodFacts:
     """Everything the DAG, the tables and the decoders know about a method, in one place
@@ -173,6 +198,16 @@ class MethodFacts:
             ``"replace"`` replaces them by weight-shared copies with adapters (FlexiGPT);
             None for any other method. The DAG-build check and ``flexigpt.api.compress``
             refuse a ratio no block count reaches (:func:`flexigpt.block_count.method_plan`).
+        start_stage: a recovered run of it is also evaluated right after compression (stage
+            ``start``: its compressed model is no other row's, e.g. FlexiGPT's replacement
+            blocks; Table 4's Start PPL).
+        manifest_figures: its compressed manifests feed the Block Influence and base-distance
+            figures.
+        variant_labels: ``(variant, display name)`` of its named DAG variants (e.g.
+            ``("rft", "SliceGPT + RFT")``); other variants read "<label> [<variant>]".
+        structure_defaults: ``(key, value)`` pairs a saved structure gained in a later
+            version, with the value older saved models mean (filled in on reading a
+            manifest: :func:`flexigpt.manifest.migrate_structure`).
     """
 
     target: str
@@ -183,21 +218,33 @@ class MethodFacts:
     speculative: bool = False
     timed: bool = False
     block_count: str | None = None
+    start_stage: bool = False
+    manifest_figures: bool = False
+    variant_labels: tuple[tuple[str, str], ...] = ()
+    structure_defaults: tuple[tuple[str, Any], ...] = ()
 
 
 #: name → facts, in table order (rows of every table follow this order).
 METHODS: dict[str, MethodFacts] = {
     "dense": MethodFacts("flexigpt.methods.dense:METHOD", "Dense", calibration=False,
                          timed=True),
-    "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT"),
-    "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner"),
+    "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT",
+                            variant_labels=(("rft", "SliceGPT + RFT"),),
+                            structure_defaults=(("head_bias", False),)),
+    "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner",
+                              variant_labels=(("lora", "LLM-Pruner + LoRA"),)),
     "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT",
                             block_influence=True, timed=True, block_count="remove"),
     "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",
                                  block_influence=True, block_count="remove"),
+    "replaceme": MethodFacts("baselines.replaceme.method:METHOD", "ReplaceMe",
+                             block_count="remove", variant_labels=(("lora", "ReplaceMe + LoRA"),)),
+    "streamline": MethodFacts("baselines.streamline.method:METHOD", "LLM-Streamline",
+                              variant_labels=(("lora", "LLM-Streamline + LoRA"),)),
     "flexigpt": MethodFacts("flexigpt.methods.prune:METHOD", "FlexiGPT",
                             block_influence=True, speculative=True, timed=True,
-                            block_count="replace"),
+                            block_count="replace", start_stage=True, manifest_figures=True,
+                            variant_labels=(("lora_all", "FlexiGPT + LoRA on unpruned blocks"),)),
     "flexigpt_extend": MethodFacts("flexigpt.methods.extend:METHOD", "FlexiGPT extension",
                                    calibration=False, speculative=True, timed=True),
 }

@@ -42,6 +42,9 @@ CASES = {
     "flexigpt_extend": ("flexigpt_extend", {"layers": 6, "gamma_init": 0.1}, {}),
     "shortgpt": ("shortgpt", {"ratio": 0.3}, {}),
     "shortgpt_lora": ("shortgpt_lora", {"ratio": 0.3}, {}),
+    "replaceme": ("replaceme", {"ratio": 0.3}, {}),
+    "streamline": ("streamline", {"ratio": 0.5, "epochs": 1}, {}),
+    "streamline_ffn": ("streamline", {"ratio": 0.5, "epochs": 1, "module": "ffn"}, {}),
     "slicegpt": ("slicegpt", {"ratio": 0.3, "round_to": 2, "tolerance": 0.03}, {}),
     "slicegpt_unsliced": ("slicegpt", {"ratio": 0.3, "head": "unsliced", "round_to": 2,
                                        "tolerance": 0.03}, {"family": "mistral"}),
@@ -50,7 +53,8 @@ CASES = {
                                           "layer_end": 4}, {"heads": 8, "kv_heads": 4}),
 }
 TRAINED = ("flexigpt_trained", "shortgpt_lora_trained")
-PLAIN = ("dense", "shortgpt", "shortgpt_lora", "shortgpt_lora_trained")
+PLAIN = ("dense", "shortgpt", "shortgpt_lora", "shortgpt_lora_trained", "replaceme",
+         "streamline")
 NOT_PLAIN = tuple(n for n in (*CASES, *TRAINED) if n not in PLAIN)
 
 

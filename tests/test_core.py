@@ -86,6 +86,8 @@ def test_registry_owns_the_method_facts():
         method = get_method(name)
         assert method.name == name and method.facts is facts
         assert method.needs_calibration == facts.calibration
+        assert (method.draft_skip is not None) == facts.speculative, name
+        assert method.description, name  # the model card's line
         run = Run(model="m", method=name, variant="default", setting="r0.3")
         assert run.needs_calibration == facts.calibration
         assert run.uses_block_influence == facts.block_influence

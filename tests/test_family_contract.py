@@ -19,7 +19,9 @@ CALIB = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0
 #: the smallest options under which each method changes a 6-block model
 OPTIONS = {"dense": {}, "shortgpt": {"ratio": 0.3}, "shortgpt_lora": {"ratio": 0.3},
            "slicegpt": {"ratio": 0.3, "round_to": 2, "tolerance": 0.05}, "llm_pruner": {"ratio": 0.3},
-           "flexigpt": {"ratio": 0.3, "rank": 4}, "flexigpt_extend": {"layers": 8, "rank": 4}}
+           "replaceme": {"ratio": 0.3}, "streamline": {"ratio": 0.3, "epochs": 1},
+           "flexigpt": {"ratio": 0.3, "rank": 4},
+           "flexigpt_extend": {"layers": 8, "rank": 4}}
 
 
 def tiny(model_type: str):

@@ -225,7 +225,8 @@ def test_fast_with_bos_and_bf16(tiny_model, tiny_tokenizer, text_file):
 #: options giving each registered method's model a non-trivial structure on the tiny model
 METHOD_OPTIONS = {"flexigpt": {"ratio": 0.5}, "flexigpt_extend": {"layers": 9, "gamma_init": 0.5},
                   "shortgpt": {"ratio": 0.3}, "shortgpt_lora": {"ratio": 0.3},
-                  "slicegpt": {"ratio": 0.3, "round_to": 1}, "llm_pruner": {"ratio": 0.3}}
+                  "slicegpt": {"ratio": 0.3, "round_to": 1}, "llm_pruner": {"ratio": 0.3},
+                  "replaceme": {"ratio": 0.3}, "streamline": {"ratio": 0.3, "epochs": 1}}
 
 
 @pytest.mark.parametrize("family", ["llama", "opt"])

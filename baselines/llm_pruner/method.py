@@ -19,6 +19,7 @@ the target by several points). Both fractions are recorded.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -35,7 +36,7 @@ from baselines.llm_pruner.surgery import apply_structure, head_dim_of, prune_blo
 from flexigpt.artifacts import empty_model
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import count_parameters
-from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
+from flexigpt.registry import CompressionResult, Method, NotExportable, RecoveryRecipe
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,52 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
     return apply_structure(empty_model(config), structure)
 
 
+def uniform_config(config: Any, structure: dict[str, Any]) -> Any:
+    """A stock copy of ``config`` with the pruned head counts and FFN width, when every layer
+    kept the same ones (``head_dim`` explicit).
+
+    Raises:
+        NotExportable: per-layer widths, or counts the stock config class rejects.
+    """
+    heads, kvs = set(structure["num_attention_heads"]), set(structure["num_key_value_heads"])
+    inters = set(structure["intermediate_size"])
+    if len(heads) > 1 or len(kvs) > 1 or len(inters) > 1:
+        raise NotExportable(
+            "LLM-Pruner left per-layer widths (query heads "
+            f"{structure['num_attention_heads']}, KV heads {structure['num_key_value_heads']}, "
+            f"FFN {structure['intermediate_size']}); a stock config has one "
+            "num_attention_heads / num_key_value_heads / intermediate_size for every layer")
+    out = copy.deepcopy(config)
+    out.num_attention_heads, out.num_key_value_heads = heads.pop(), kvs.pop()
+    out.intermediate_size = inters.pop()
+    out.head_dim = int(structure["head_dim"])
+    try:
+        out.validate()
+    except Exception as err:  # huggingface_hub's StrictDataclassClassValidationError
+        cause = getattr(err, "__cause__", None) or err
+        raise NotExportable(f"LLM-Pruner kept {out.num_attention_heads} query heads per layer, "
+                            f"which a stock {type(config).__name__} rejects: {cause}") from None
+    return out
+
+
+def plain(loaded: Any, unshare: bool) -> tuple[nn.Module, str]:
+    """``Method.plain``: uniform widths make a stock config with the pruned counts."""
+    model = loaded.model
+    out = empty_model(uniform_config(model.config, loaded.manifest.structure))
+    out.load_state_dict(model.state_dict(), strict=True)
+    return out.eval(), "LLM-Pruner with uniform widths: stock config with the pruned counts"
+
+
+def card_lines(manifest: Any) -> list[str]:
+    """The model card's structure lines (``Method.card_lines``)."""
+    s = manifest.structure
+    return [f"- query heads per layer: {s.get('num_attention_heads')}",
+            f"- KV heads per layer: {s.get('num_key_value_heads')}",
+            f"- FFN width per layer: {s.get('intermediate_size')}"]
+
+
 METHOD = Method(name="llm_pruner", config_cls=LLMPrunerConfig, compress=compress,
                 rebuild=rebuild, recovery="lora",
-                description="LLM-Pruner block-wise: Taylor-pruned heads and FFN channels")
+                description="LLM-Pruner (block-wise): Taylor-pruned attention groups and FFN "
+                            "channels",
+                plain=plain, card_lines=card_lines)

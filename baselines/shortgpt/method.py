@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from torch import nn
@@ -25,7 +26,8 @@ from baselines.shortgpt.config import ShortGPTConfig, ShortGPTLoRAConfig
 from flexigpt.artifacts import empty_model
 from flexigpt.block_count import block_count
 from flexigpt.block_influence import lowest_blocks, scores_for
-from flexigpt.methods.lora import lora_params_per_rank
+from flexigpt.methods.lora import lora_params_per_rank, lora_rank_problem
+from flexigpt.methods.surgery import check_flexigpt_rank
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import compression_ratio, count_parameters
 from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
@@ -130,9 +132,29 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
     return empty_model(config)
 
 
+def card_lines(manifest: Any) -> list[str]:
+    """The model card's structure lines (``Method.card_lines``)."""
+    s = manifest.structure
+    return [f"- removed blocks {s.get('removed_blocks')} of {s.get('dense_blocks')}; "
+            "nothing is shared"]
+
+
+def lora_size_problem(model: nn.Module, cfg: ShortGPTLoRAConfig) -> tuple[str, str] | None:
+    """``Method.check_sizes`` of ShortGPT + LoRA: the FlexiGPT rank its budget is matched to
+    (the bound ``flexigpt.api.compress`` applies to FlexiGPT) and the LoRA rank."""
+    if cfg.flexigpt_rank is not None:
+        try:
+            check_flexigpt_rank(model, SimpleNamespace(rank=cfg.flexigpt_rank))
+        except ValueError as err:
+            return "flexigpt_rank", f"flexigpt_rank: {err}"
+    return lora_rank_problem(model, cfg, "lora_rank")
+
+
 METHOD = Method(name="shortgpt", config_cls=ShortGPTConfig, compress=compress,
                 rebuild=rebuild, recovery="none",
-                description="ShortGPT: remove the k lowest Block-Influence blocks")
+                description="ShortGPT: the lowest-Block-Influence blocks removed",
+                card_lines=card_lines)
 METHOD_LORA = Method(name="shortgpt_lora", config_cls=ShortGPTLoRAConfig,
                      compress=compress_lora, rebuild=rebuild, recovery="lora",
-                     description="ShortGPT + LoRA recovery with FlexiGPT's trainable budget")
+                     description="ShortGPT + LoRA recovery (merged back into the linears)",
+                     check_sizes=lora_size_problem, card_lines=card_lines)

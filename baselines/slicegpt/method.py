@@ -34,9 +34,10 @@ from baselines.slicegpt.fusion import (
 from baselines.slicegpt.modules import RMSN, ProjectedRMSN, resize_linear, set_shortcut
 from baselines.slicegpt.rotate import rotate_and_slice
 from flexigpt.artifacts import empty_model
+from flexigpt.methods.lora import lora_rank_problem
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import count_parameters
-from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
+from flexigpt.registry import CompressionResult, Method, NotExportable, RecoveryRecipe
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,25 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
     return model
 
 
+def plain(loaded: Any, unshare: bool) -> tuple[nn.Module, str]:
+    """``Method.plain``: a sliced model has no stock form."""
+    raise NotExportable(
+        "SliceGPT blocks carry shortcut matrices on the residual path (d_in × d_out per "
+        "sub-layer) and weight-free RMS norms over the original width; a stock decoder "
+        "layer has an identity residual, so there is no exact plain form")
+
+
+def card_lines(manifest: Any) -> list[str]:
+    """The model card's structure lines (``Method.card_lines``)."""
+    s = manifest.structure
+    plan = s.get("plan") or {}
+    return [f"- residual width {plan.get('embed')} of {s.get('hidden_size')} (per block "
+            f"out: {plan.get('out')}), head {plan.get('head')}",
+            "- shortcut matrices on the residual path; norms fused into the linears"]
+
+
 METHOD = Method(name="slicegpt", config_cls=SliceGPTConfig, compress=compress, rebuild=rebuild,
                 recovery="lora",
-                description="SliceGPT: PCA rotation + slicing of the residual stream")
+                description="SliceGPT: PCA rotation and slicing of the residual stream",
+                check_sizes=lambda model, cfg: lora_rank_problem(model, cfg, "lora_rank"),
+                plain=plain, card_lines=card_lines)

@@ -21,7 +21,7 @@ from flexigpt.dag.sections import (
     add_table1,
     start_build,
 )
-from flexigpt.registry import methods_with
+from flexigpt.registry import METHODS, methods_with
 from flexigpt.training.config import curve_every_steps
 
 
@@ -154,7 +154,8 @@ class RunGrid:
         trained = [run for run in self.runs.values() if run.recovery]
         return {"manifests": [f"{run.prefix}/compressed/manifest.json"
                               for run in self.runs.values()
-                              if run.method == "flexigpt" and run.compressed_from is None],
+                              if METHODS[run.method].manifest_figures
+                              and run.compressed_from is None],
                 "train_logs": [f"{run.trained_dir}/train_log.csv" for run in trained],
                 "selections": [f"{run.trained_dir}/selection.json" for run in trained]}
 

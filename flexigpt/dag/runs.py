@@ -110,12 +110,14 @@ class Run:
         return f"{self.prefix}/eval_{stage}.json"
 
     def stages(self) -> list[str]:
-        """``start`` (perplexity right after compression) only where it is news: a FlexiGPT
-        compression (its replacement blocks change the function: Table 4's Start PPL). A
-        LoRA-recovered run starts as its one-shot model (LoRA B = 0), the extension as the
-        base (γ = 0), a dense control as the dense model, and a run that trains another
-        run's compressed model at that run's start: none is evaluated twice."""
-        if (self.recovery and self.compressed_from is None and self.method == "flexigpt"):
+        """``start`` (perplexity right after compression) only where it is news: a method
+        whose facts say so (``MethodFacts.start_stage``: FlexiGPT's replacement blocks
+        change the function, Table 4's Start PPL). A LoRA-recovered run starts as its
+        one-shot model (LoRA B = 0), the extension as the base (γ = 0), a dense control as
+        the dense model, and a run that trains another run's compressed model at that run's
+        start: none is evaluated twice."""
+        if (self.recovery and self.compressed_from is None
+                and METHODS[self.method].start_stage):
             return ["start", "final"]
         return ["final"]
 

@@ -24,17 +24,6 @@ if TYPE_CHECKING:
 
 CARD = "README.md"
 
-_WHAT = {
-    "dense": "the unpruned reference model",
-    "flexigpt": "FlexiGPT pruning: low-Block-Influence blocks replaced by weight-shared blocks "
-                "(another block's linears + block-specific LoRA + output norms)",
-    "flexigpt_extend": "FlexiGPT extension: blocks repeated with shared linears + LoRA",
-    "shortgpt": "ShortGPT: the lowest-Block-Influence blocks removed",
-    "shortgpt_lora": "ShortGPT + LoRA recovery (merged back into the linears)",
-    "slicegpt": "SliceGPT: PCA rotation and slicing of the residual stream",
-    "llm_pruner": "LLM-Pruner (block-wise): Taylor-pruned attention groups and FFN channels",
-}
-
 
 def _num(value: Any, digits: int = 4) -> str:
     if isinstance(value, bool) or value is None:
@@ -46,33 +35,22 @@ def _num(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def _method(name: str) -> Any:
+    """The registry's method of a saved model, or None for a key it does not know."""
+    from flexigpt.registry import UnknownMethodError, get_method
+
+    try:
+        return get_method(name)
+    except UnknownMethodError:
+        return None
+
+
 def _structure_lines(method: str, manifest: Manifest) -> list[str]:
     s, info = manifest.structure, manifest.info
     params = info.get("params") or {}
-    if method == "flexigpt":
-        pairs = ", ".join(f"{i}←{j}" for i, j in sorted((s.get("base_map") or {}).items(),
-                                                         key=lambda kv: int(kv[0])))
-        lines = [f"- replaced blocks ← the base block whose linears they share: {pairs}",
-                 f"- LoRA ranks per linear: {json.dumps(s.get('ranks'))}",
-                 f"- output norm (LayerNorm·γ on attention/MLP outputs): {s.get('output_norm')}",
-                 f"- pre-norms of replaced blocks: {s.get('prenorm')}"]
-    elif method == "flexigpt_extend":
-        lines = [f"- {s.get('original_layers')} → {len(s.get('layout') or [])} blocks; source "
-                 f"block of every position: {s.get('layout')}",
-                 f"- LoRA ranks per linear: {json.dumps(s.get('ranks'))}",
-                 f"- output norm on repeats: {s.get('output_norm')}"]
-    elif method in ("shortgpt", "shortgpt_lora"):
-        lines = [f"- removed blocks {s.get('removed_blocks')} of {s.get('dense_blocks')}; "
-                 "nothing is shared"]
-    elif method == "slicegpt":
-        plan = s.get("plan") or {}
-        lines = [f"- residual width {plan.get('embed')} of {s.get('hidden_size')} (per block "
-                 f"out: {plan.get('out')}), head {plan.get('head')}",
-                 "- shortcut matrices on the residual path; norms fused into the linears"]
-    elif method == "llm_pruner":
-        lines = [f"- query heads per layer: {s.get('num_attention_heads')}",
-                 f"- KV heads per layer: {s.get('num_key_value_heads')}",
-                 f"- FFN width per layer: {s.get('intermediate_size')}"]
+    spec = _method(method)
+    if spec is not None and spec.card_lines is not None:
+        lines = spec.card_lines(manifest)
     else:
         lines = [f"- structure: `{json.dumps(s)[:300]}`"] if s else ["- nothing changed"]
     if params.get("shared_linears") or params.get("adapters"):
@@ -174,7 +152,8 @@ def write_model_card(model_dir: str | os.PathLike,
     lines = ["---", "library_name: transformers", "tags:", "- flexigpt-bench",
              f"- {method}", "---", "",
              f"# {method} · {base or 'unknown base model'}", "",
-             f"{_WHAT.get(method, method)}. Written by flexigpt-bench.", "",
+             f"{getattr(_method(method), 'description', None) or method}. Written by "
+             "flexigpt-bench.", "",
              "| | |", "|---|---|",
              f"| method | `{method}` |",
              f"| base model | `{base}` |",

@@ -16,9 +16,10 @@ It needs only ``torch`` and ``transformers`` (>= 5). The model is the family's o
   outputs optionally go through a bias-free LayerNorm times ``gamma`` (``OutputNorm``).
 * ``slicegpt``: sliced residual stream with shortcut matrices and weight-free RMS norms.
 * ``llm_pruner``: per-layer attention-head counts and MLP widths.
+* ``streamline`` (FFN module): a two-layer ReLU FFN in place of a span of blocks.
 
-The modules mirror ``flexigpt.methods.sharing``, ``baselines.slicegpt.modules`` and
-``baselines.llm_pruner.surgery`` of flexigpt-bench (same parameter names, same arithmetic);
+The modules mirror ``flexigpt.methods.sharing``, ``baselines.slicegpt.modules``,
+``baselines.llm_pruner.surgery`` and ``baselines.streamline.modules`` of flexigpt-bench (same parameter names, same arithmetic);
 the package's tests check that both give identical logits.
 """
 
@@ -292,8 +293,32 @@ def replay_llm_pruner(model: PreTrainedModel, s: dict[str, Any]) -> None:
             mlp.intermediate_size = inter
 
 
+class StreamlineFFN(nn.Module):
+    """LLM-Streamline's FFN replacement of a span of blocks: ``fc2(relu(fc1(h)))``, no
+    residual; it stands in a decoder block's place and mixes no tokens."""
+
+    def __init__(self, hidden: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, 4 * hidden, dtype=dtype)
+        self.fc2 = nn.Linear(4 * hidden, hidden, dtype=dtype)
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(hidden_states)))
+
+
+def replay_streamline(model: PreTrainedModel, s: dict[str, Any]) -> None:
+    """The FFN module at the span's start (the block variant is a stock checkpoint)."""
+    if s.get("module") != "ffn":
+        return
+    layers = model.model.layers
+    start = int(s["span"][0])
+    dtype = _get(layers[start], f"{MLP}.down_proj").weight.dtype
+    layers[start] = StreamlineFFN(model.config.hidden_size, dtype)
+
+
 REPLAY = {"flexigpt": replay_flexigpt, "flexigpt_extend": replay_flexigpt_extend,
-          "slicegpt": replay_slicegpt, "llm_pruner": replay_llm_pruner}
+          "slicegpt": replay_slicegpt, "llm_pruner": replay_llm_pruner,
+          "streamline": replay_streamline}
 
 
 # ---- model classes ----------------------------------------------------------------------------

@@ -12,7 +12,8 @@ server that knows the family (vLLM, TGI, llama.cpp converters) takes it:
   copied). Exact up to the rounding of that sum, but it stores every block again, so the
   export has the *dense* model's parameter count: the compression is gone.
 
-What cannot (:class:`NotExportable`, the CLI exits 2):
+Each of these is the method's own ``plain`` hook (:class:`flexigpt.registry.Method`); what
+cannot be exported (:class:`NotExportable`, the CLI exits 2):
 
 * FlexiGPT with output norm (the default): a mean-centring LayerNorm × γ on the attention
   and MLP outputs of the replacement blocks has no counterpart in a stock decoder layer.
@@ -27,7 +28,6 @@ Every export is checked: the written directory is reloaded with plain
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from datetime import UTC, datetime
@@ -35,70 +35,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+
+from flexigpt.registry import NotExportable
 
 if TYPE_CHECKING:  # transformers itself is imported on first use
     from transformers import PreTrainedModel
 
 EXPORT_RECORD = "export.json"
-
-
-class NotExportable(ValueError):
-    """The model has no exact plain form (the message says why)."""
-
-
-def _unshare(model: nn.Module) -> int:
-    """Replace every ``SharedLoRALinear`` by a merged ``nn.Linear`` and give modules that
-    several blocks share their own copies (in place). Returns the number merged."""
-    from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
-    from flexigpt.models.adapters import get_adapter
-
-    merged = 0
-    seen: set[int] = set()
-    for block in get_adapter(model).layers(model):
-        for parent in list(block.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, OutputNorm):
-                    raise NotExportable("an output norm is present")  # checked before
-                if isinstance(child, SharedLoRALinear):
-                    base = child.base_layer
-                    lin = nn.Linear(base.in_features, base.out_features,
-                                    bias=base.bias is not None, dtype=base.weight.dtype,
-                                    device=base.weight.device)
-                    with torch.no_grad():
-                        w = base.weight.float() + child.delta_weight().float()
-                        lin.weight.copy_(w.to(base.weight.dtype))
-                        if base.bias is not None:
-                            lin.bias.copy_(base.bias)
-                    setattr(parent, name, lin)
-                    merged += 1
-        for name, child in list(block.named_children()):  # shared pre-norms
-            if id(child) in seen:
-                setattr(block, name, copy.deepcopy(child))
-            seen.add(id(child))
-    return merged
-
-
-def _uniform_pruner_config(config: Any, structure: dict[str, Any]) -> Any:
-    heads, kvs = set(structure["num_attention_heads"]), set(structure["num_key_value_heads"])
-    inters = set(structure["intermediate_size"])
-    if len(heads) > 1 or len(kvs) > 1 or len(inters) > 1:
-        raise NotExportable(
-            "LLM-Pruner left per-layer widths (query heads "
-            f"{structure['num_attention_heads']}, KV heads {structure['num_key_value_heads']}, "
-            f"FFN {structure['intermediate_size']}); a stock config has one "
-            "num_attention_heads / num_key_value_heads / intermediate_size for every layer")
-    out = copy.deepcopy(config)
-    out.num_attention_heads, out.num_key_value_heads = heads.pop(), kvs.pop()
-    out.intermediate_size = inters.pop()
-    out.head_dim = int(structure["head_dim"])
-    try:
-        out.validate()
-    except Exception as err:  # huggingface_hub's StrictDataclassClassValidationError
-        cause = getattr(err, "__cause__", None) or err
-        raise NotExportable(f"LLM-Pruner kept {out.num_attention_heads} query heads per layer, "
-                            f"which a stock {type(config).__name__} rejects: {cause}") from None
-    return out
 
 
 def plain_model(loaded: Any, unshare: bool = False) -> tuple[PreTrainedModel, str]:
@@ -107,44 +50,18 @@ def plain_model(loaded: Any, unshare: bool = False) -> tuple[PreTrainedModel, st
     Raises:
         NotExportable: there is none (or ``unshare`` is needed and not given).
     """
-    from flexigpt.artifacts import empty_model
     from flexigpt.export.checkpoint import plain_mismatch
+    from flexigpt.registry import get_method
 
     model, manifest = loaded.model, loaded.manifest
-    method, s = (manifest.method, manifest.structure) if manifest else ("dense", {})
     reason = plain_mismatch(model)
     if reason is None:
         return model, "already a stock checkpoint: copied"
-    if method in ("flexigpt", "flexigpt_extend"):
-        if s.get("output_norm"):
-            n = len(s.get("base_map") or {}) if method == "flexigpt" else \
-                len(s.get("layout", [])) - int(s.get("original_layers", 0))
-            raise NotExportable(
-                f"{method} output norm: the attention and MLP outputs of {n} weight-shared "
-                "blocks go through a mean-centring LayerNorm × γ, which a stock decoder layer "
-                "does not have; no plain checkpoint computes the same function (models "
-                "compressed with output_norm=false can be exported with --unshare)")
-        if not unshare:
-            dense = manifest.parameters.dense
-            raise NotExportable(
-                f"{method} blocks share their base block's linears (W_base + B·A); a plain "
-                "checkpoint must store every block's merged weight, which gives up the "
-                f"compression (the export would have the dense model's {dense} parameters). "
-                "Pass --unshare to write it anyway")
-        model = copy.deepcopy(model)
-        merged = _unshare(model)
-        return model, f"un-shared: {merged} shared linears merged (W_base + B·A)"
-    if method == "llm_pruner":
-        config = _uniform_pruner_config(model.config, s)
-        out = empty_model(config)
-        out.load_state_dict(model.state_dict(), strict=True)
-        return out.eval(), "LLM-Pruner with uniform widths: stock config with the pruned counts"
-    if method == "slicegpt":
-        raise NotExportable(
-            "SliceGPT blocks carry shortcut matrices on the residual path (d_in × d_out per "
-            "sub-layer) and weight-free RMS norms over the original width; a stock decoder "
-            "layer has an identity residual, so there is no exact plain form")
-    raise NotExportable(f"{method}: not a stock architecture ({reason})")
+    method = manifest.method if manifest else "dense"
+    spec = get_method(method) if manifest else None
+    if spec is None or spec.plain is None:
+        raise NotExportable(f"{method}: not a stock architecture ({reason})")
+    return spec.plain(loaded, unshare)
 
 
 def _probe_ids(vocab: int, seed: int = 0) -> torch.Tensor:

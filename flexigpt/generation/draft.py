@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from flexigpt.models.adapters import get_adapter
-from flexigpt.registry import methods_with
+from flexigpt.registry import METHODS, get_method, methods_with
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -87,20 +87,11 @@ def skipped_blocks(method: str | None, structure: dict[str, Any] | None,
     Raises:
         ValueError: the model is not a FlexiGPT (pruned or extended) model.
     """
-    structure = structure or {}
-    if method == "flexigpt":
-        skip = sorted({int(i) for i in structure.get("base_map", {})}
-                      | {int(i) for i in structure.get("pruned_blocks", [])})
-    elif method == "flexigpt_extend":
-        seen: set[int] = set()
-        skip = []
-        for pos, src in enumerate(structure["layout"]):
-            if src in seen:
-                skip.append(pos)
-            seen.add(src)
-    else:
+    hook = get_method(method).draft_skip if method is not None and method in METHODS else None
+    if hook is None:
         raise ValueError(f"self-speculative decoding needs a FlexiGPT model "
                          f"({'/'.join(SPECULATIVE_METHODS)}), got method {method!r}")
+    skip = hook(structure or {})
     if not skip or any(not 0 <= i < n_blocks for i in skip) or len(skip) >= n_blocks:
         raise ValueError(f"shared blocks {skip} do not fit a model of {n_blocks} blocks")
     return skip

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from flexigpt.methods.surgery import thin_svd
+from flexigpt.methods.truncated_svd import top_svd
 from flexigpt.models.adapters import ArchAdapter
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,9 @@ class BaseSelection:
 
 @torch.no_grad()
 def truncations(weights: torch.Tensor, rank: int, svd_dtype: torch.dtype,
-                chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank-``rank`` factors of a stack of matrices.
+                chunk: int = 8, solver: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank-``rank`` factors of a stack of matrices (top-r factors by ``solver``:
+    :mod:`flexigpt.methods.truncated_svd`).
 
     Args:
         weights: ``[L, out, in]``.
@@ -65,9 +66,9 @@ def truncations(weights: torch.Tensor, rank: int, svd_dtype: torch.dtype,
     """
     us_parts, v_parts = [], []
     for start in range(0, weights.shape[0], chunk):
-        u, s, vh = thin_svd(weights[start:start + chunk].to(svd_dtype))
-        us_parts.append(u[..., :rank] * s[..., None, :rank])
-        v_parts.append(vh[..., :rank, :].mT)
+        top = top_svd(weights[start:start + chunk].to(svd_dtype), rank, solver)
+        us_parts.append(top.u * top.s[..., None, :])
+        v_parts.append(top.vh.mT)
     return torch.cat(us_parts), torch.cat(v_parts)
 
 
@@ -103,7 +104,8 @@ def _full_distance(w_i: torch.Tensor, w_j: torch.Tensor, rank: int, chunk: int =
 @torch.no_grad()
 def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
                  pruned: list[int], ranks: dict[str, int], metric: str = "lowrank",
-                 svd_dtype: torch.dtype = torch.float32, progress: bool = True) -> BaseSelection:
+                 svd_dtype: torch.dtype = torch.float32, progress: bool = True,
+                 solver: str = "exact") -> BaseSelection:
     """Distances of every pruned block to every unpruned block, and the argmin base (Eq. 5).
 
     Args:
@@ -113,6 +115,8 @@ def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
         ranks: ``{dotted linear name: r}`` truncation rank per matrix (``lowrank``/``full``).
         metric: one of :data:`DISTANCES`.
         svd_dtype: dtype of every decomposition and distance.
+        solver: how ``lowrank``'s rank-r truncations are computed
+            (:data:`flexigpt.methods.truncated_svd.SOLVERS`).
 
     Raises:
         ValueError: unknown metric, or no unpruned candidate block.
@@ -135,7 +139,7 @@ def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
         rank = ranks[name]
         if metric == "lowrank":
             t0 = time.perf_counter()
-            us, v = truncations(weights, rank, svd_dtype)
+            us, v = truncations(weights, rank, svd_dtype, solver=solver)
             timings["truncation"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             for row, i in enumerate(pruned):

@@ -27,4 +27,4 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
 
 METHOD = Method(name="dense", config_cls=DenseConfig, compress=compress, rebuild=rebuild,
                 recovery="none",
-                description="unpruned reference model")
+                description="the unpruned reference model")

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from flexigpt.artifacts import empty_model
+from flexigpt.methods.export_hooks import card_extended, draft_skip_extended, plain_extended
+from flexigpt.methods.lora import lora_rank_problem
 from flexigpt.methods.sharing import adapter_trainable
 from flexigpt.methods.surgery import (
     OUTPUT_NORM_EPS,
@@ -189,4 +191,7 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
 
 METHOD = Method(name="flexigpt_extend", config_cls=ExtendConfig, compress=compress,
                 rebuild=rebuild, recovery="flexigpt",
-                description="FlexiGPT extension: repeated weight-shared blocks with LoRA")
+                description="FlexiGPT extension: blocks repeated with shared linears + LoRA",
+                check_sizes=lambda model, cfg: lora_rank_problem(model, cfg, "rank"),
+                draft_skip=draft_skip_extended, plain=plain_extended,
+                card_lines=card_extended)

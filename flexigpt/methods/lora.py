@@ -142,3 +142,25 @@ def merge_lora(model: nn.Module) -> int:
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, wrapper.merge())
     return len(wrappers)
+
+
+def lora_rank_problem(model: Any, cfg: Any, option: str) -> tuple[str, str] | None:
+    """``(option, problem)`` when the LoRA rank option ``option`` of ``cfg`` is not below
+    ``model``'s hidden size (ranks are clamped per matrix, so it buys nothing); else None."""
+    value = getattr(cfg, option, None)
+    hidden = int(model.config.hidden_size)
+    if isinstance(value, int) and value >= hidden:
+        return option, (f"{option} {value} is not below the model's hidden size {hidden} "
+                        f"(LoRA ranks are clamped per matrix); the largest useful "
+                        f"{option} is {hidden - 1}")
+    return None
+
+
+def lora_recovery(adapter: Any) -> dict[str, Any]:
+    """``info["recovery"]`` of a method whose recovered variant trains LoRA on every attention
+    and MLP linear of the remaining blocks (rank set by the DAG's ``budget`` to FlexiGPT's
+    trainable count, as for ShortGPT + LoRA); read only when a run sets ``recovery: true``."""
+    from flexigpt.registry import RecoveryRecipe
+
+    return RecoveryRecipe("lora", lora_targets=tuple(
+        dict.fromkeys(adapter.attn_linears + adapter.mlp_linears))).to_dict()

@@ -25,18 +25,22 @@ from flexigpt.artifacts import empty_model
 from flexigpt.block_count import POLICIES, block_count
 from flexigpt.block_influence import lowest_blocks, scores_for, validate_scores
 from flexigpt.methods.base_selection import DISTANCES, select_bases
+from flexigpt.methods.export_hooks import card_pruned, draft_skip_pruned, plain_pruned
 from flexigpt.methods.sharing import adapter_trainable
 from flexigpt.methods.surgery import (
     OUTPUT_NORM_EPS,
+    check_flexigpt_rank,
     default_rank,
     init_standard_,
     init_svd_,
     matrix_ranks,
     prenorm_numel,
+    rank_problem,
     saving_per_block,
     share_block,
     sharing_summary,
 )
+from flexigpt.methods.truncated_svd import SOLVERS as SVD_SOLVERS
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.registry import CompressionResult, Method, RecoveryRecipe, validate_ratio
@@ -83,6 +87,10 @@ class FlexiGPTConfig:
         prenorm: RMSNorm weights of replacement blocks: ``copy`` keeps the pruned block's
             own (2·d params each) or ``share`` reuses the base block's modules.
         svd_dtype: dtype of all SVDs (selection and initialisation).
+        svd: how the top-r factors of the truncations and the SVD init are computed:
+            ``exact`` (full thin SVD; the default), ``randomized`` (randomized subspace
+            iteration with a stated error bound) or ``auto`` (randomized for matrices whose
+            smaller side is ≥ 1024, else exact); :mod:`flexigpt.methods.truncated_svd`.
         bi_batch_size: sequences per forward when scoring Block Influence.
         bi_scores: precomputed Block Influence, one per block (the DAG computes it once per
             model); None computes it from the calibration windows.
@@ -98,6 +106,7 @@ class FlexiGPTConfig:
     gamma_init: float = 1e-3
     prenorm: str = "copy"
     svd_dtype: str = "float32"
+    svd: str = "exact"
     bi_batch_size: int = 4
     bi_scores: list[float] | None = None
 
@@ -117,6 +126,7 @@ class FlexiGPTConfig:
         self.gamma_init = float(self.gamma_init)
         _choice(self.prenorm, ("copy", "share"), "prenorm")
         _choice(self.svd_dtype, tuple(SVD_DTYPES), "svd_dtype")
+        _choice(self.svd, SVD_SOLVERS, "svd")
         if (isinstance(self.bi_batch_size, bool) or not isinstance(self.bi_batch_size, int)
                 or self.bi_batch_size < 1):
             raise ValueError(f"bi_batch_size must be a positive integer, got {self.bi_batch_size!r}")
@@ -160,7 +170,8 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
     pruned = lowest_blocks(scores, k)
     log.info("pruning %d of %d blocks: %s", k, len(blocks), pruned)
 
-    selection = select_bases(blocks, adapter, pruned, dist_ranks, cfg.distance, svd_dtype)
+    selection = select_bases(blocks, adapter, pruned, dist_ranks, cfg.distance, svd_dtype,
+                             solver=cfg.svd)
     timings.update(selection.timings)
 
     t0 = time.perf_counter()
@@ -202,7 +213,7 @@ def _replace_blocks(model: nn.Module, pruned: list[int], base_map: dict[int, int
         for name, module in modules.items():
             if cfg.lora_init == "svd":
                 residuals.setdefault(str(i), {})[name] = round(
-                    init_svd_(module, pruned_weights[name], svd_dtype), 6)
+                    init_svd_(module, pruned_weights[name], svd_dtype, cfg.svd), 6)
             else:
                 init_standard_(module)
         del pruned_weights  # the pruned linears are now unreferenced and freed
@@ -246,4 +257,8 @@ def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
 
 METHOD = Method(name="flexigpt", config_cls=FlexiGPTConfig, compress=compress, rebuild=rebuild,
                 recovery="flexigpt",
-                description="FlexiGPT: BI pruning + low-rank weight-shared replacement blocks")
+                description="FlexiGPT pruning: low-Block-Influence blocks replaced by "
+                            "weight-shared blocks (another block's linears + block-specific "
+                            "LoRA + output norms)",
+                check_model=check_flexigpt_rank, check_sizes=rank_problem,
+                draft_skip=draft_skip_pruned, plain=plain_pruned, card_lines=card_pruned)

@@ -16,6 +16,7 @@ import torch
 from torch import SymInt, nn
 
 from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
+from flexigpt.methods.truncated_svd import top_svd
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import count_parameters
 
@@ -139,18 +140,11 @@ def repeat_shell(block: nn.Module, adapter: ArchAdapter, config: object) -> nn.M
     return copy.deepcopy(block, memo)
 
 
-def thin_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Thin SVD ``U [m,q], S [q], Vh [q,n]``; wide matrices are decomposed transposed (faster)."""
-    if matrix.shape[-2] < matrix.shape[-1]:
-        u, s, vh = torch.linalg.svd(matrix.mT, full_matrices=False)
-        return vh.mT, s, u.mT
-    return torch.linalg.svd(matrix, full_matrices=False)
-
-
 @torch.no_grad()
 def init_svd_(module: SharedLoRALinear, pruned_weight: torch.Tensor,
-              svd_dtype: torch.dtype = torch.float32) -> float:
-    """FlexiGPT Eq. 7–8: ``lora_B = U_r Σ_r``, ``lora_A = V_r^T`` of ``W_pruned − W_base``.
+              svd_dtype: torch.dtype = torch.float32, solver: str = "exact") -> float:
+    """FlexiGPT Eq. 7–8: ``lora_B = U_r Σ_r``, ``lora_A = V_r^T`` of ``W_pruned − W_base``
+    (the top-r factors by ``solver``: :mod:`flexigpt.methods.truncated_svd`).
 
     Requires ``module.scaling == 1`` semantics (the product is the rank-r truncation).
 
@@ -159,12 +153,11 @@ def init_svd_(module: SharedLoRALinear, pruned_weight: torch.Tensor,
     """
     base = module.base_layer.weight
     delta = pruned_weight.to(svd_dtype) - base.to(svd_dtype)
-    u, s, vh = thin_svd(delta)
-    r = module.rank
-    module.lora_B.copy_((u[:, :r] * s[:r]) / module.scaling)
-    module.lora_A.copy_(vh[:r])
-    total = float(s.double().pow(2).sum())
-    return math.sqrt(float(s[r:].double().pow(2).sum()) / total) if total > 0 else 0.0
+    top = top_svd(delta, module.rank, solver)
+    module.lora_B.copy_((top.u * top.s) / module.scaling)
+    module.lora_A.copy_(top.vh)
+    total = float(top.energy)
+    return math.sqrt(float(top.tail) / total) if total > 0 else 0.0
 
 
 @torch.no_grad()
@@ -247,6 +240,20 @@ def check_flexigpt_rank(model: nn.Module, cfg: object) -> None:
     check_rank(adapter, block, rank, hidden, getattr(cfg, "output_norm", True),
                getattr(cfg, "prenorm", "copy"))
     check_distance_rank(model, cfg)
+
+
+def rank_problem(model: nn.Module, cfg: object) -> tuple[str, str] | None:
+    """The ``check_sizes`` hook of FlexiGPT pruning: ``("distance_rank" | "rank", problem)``
+    when :func:`check_distance_rank` or :func:`check_flexigpt_rank` refuses ``cfg``."""
+    try:
+        check_distance_rank(model, cfg)
+    except ValueError as err:
+        return "distance_rank", str(err)
+    try:
+        check_flexigpt_rank(model, cfg)
+    except ValueError as err:
+        return "rank", str(err)
+    return None
 
 
 def check_distance_rank(model: nn.Module, cfg: object) -> None:

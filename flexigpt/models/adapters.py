@@ -77,7 +77,7 @@ class ArchAdapter:
         parent_path, name = self.layers_path.rsplit(".", 1)
         setattr(_get(model, parent_path), name, nn.ModuleList(blocks))
         for i, block in enumerate(blocks):
-            attn = getattr(block, self.attn_name)
+            attn: Any = getattr(block, self.attn_name, None)  # None: a block without one
             inner = attn.get_base_layer() if hasattr(attn, "get_base_layer") else attn
             if hasattr(inner, self.layer_idx_attr):
                 setattr(inner, self.layer_idx_attr, i)

@@ -16,10 +16,9 @@ METHOD_ORDER = list(METHOD_LABELS)
 ABLATIONS = {"no_lowrank": "Ablate high-rank prune (no low-rank truncation)",
              "no_outnorm": "Ablate output norm.", "no_svdinit": "Ablate LoRA SVD init.",
              "frobenius": "Frobenius-norm base (Fig. 2c)", "default": "Full method"}
-#: Display names of non-default variants (others: "<Method> [<variant>]").
-VARIANT_LABELS = {("flexigpt", "lora_all"): "FlexiGPT + LoRA on unpruned blocks",
-                  ("slicegpt", "rft"): "SliceGPT + RFT",
-                  ("llm_pruner", "lora"): "LLM-Pruner + LoRA"}
+#: Display names of named variants, from the registry (others: "<Method> [<variant>]").
+VARIANT_LABELS = {(name, variant): text for name, facts in METHODS.items()
+                  for variant, text in facts.variant_labels}
 EXTENSION_LABELS = {("dense", "default"): "Base", ("dense", "trained"):
                     "Base trained on the same tokens (control)",
                     ("dense", "trained_lora"):
