@@ -57,6 +57,11 @@ def test_archive_errors_name_the_problem(tmp_path, capsys):
                                  '"selections": []}}')
     with pytest.raises(ValueError, match="leaves the archive"):
         read_index(archive)
+    (archive / INDEX).write_text('{"schema": 1, "results_dir": "/etc", "inputs": {"results": '
+                                 '[], "timings": [], "train_logs": [], "manifests": [], '
+                                 '"selections": []}}')
+    with pytest.raises(ValueError, match="results_dir"):
+        read_index(archive)
     assert cli_main(["tables", "--archive", str(archive), "--results", "r",
                      "--out", str(tmp_path / "t")]) == 2
     assert "drop --results" in capsys.readouterr().err

@@ -49,6 +49,11 @@ def read_index(archive: str | os.PathLike) -> dict[str, Any]:
     inputs = data.get("inputs")
     if not isinstance(inputs, dict) or set(inputs) != set(KINDS):
         raise ResultFileError(path, f"'inputs' must map exactly {list(KINDS)} to path lists")
+    results_dir = data.get("results_dir", "results")
+    if (not isinstance(results_dir, str) or Path(results_dir).is_absolute()
+            or ".." in Path(results_dir).parts):
+        raise ResultFileError(path, f"'results_dir' must be a folder inside the archive, "
+                                    f"got {results_dir!r}")
     lists = {kind: inputs[kind] for kind in KINDS}
     lists["support"] = data.get("support", [])
     for kind, listed in lists.items():
