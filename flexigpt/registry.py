@@ -208,6 +208,9 @@ class MethodFacts:
         structure_defaults: ``(key, value)`` pairs a saved structure gained in a later
             version, with the value older saved models mean (filled in on reading a
             manifest: :func:`flexigpt.manifest.migrate_structure`).
+        replacement: what it puts where removed blocks were, for the replacement-strategies
+            table (e.g. ``"nothing (skip)"``, ``"linear map"``); None: not a block-removal
+            method (it has no row there).
     """
 
     target: str
@@ -222,6 +225,7 @@ class MethodFacts:
     manifest_figures: bool = False
     variant_labels: tuple[tuple[str, str], ...] = ()
     structure_defaults: tuple[tuple[str, Any], ...] = ()
+    replacement: str | None = None
 
 
 #: name → facts, in table order (rows of every table follow this order).
@@ -234,20 +238,55 @@ METHODS: dict[str, MethodFacts] = {
     "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner",
                               variant_labels=(("lora", "LLM-Pruner + LoRA"),)),
     "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT",
-                            block_influence=True, timed=True, block_count="remove"),
+                            block_influence=True, timed=True, block_count="remove",
+                            replacement="nothing (skip)"),
     "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",
-                                 block_influence=True, block_count="remove"),
+                                 block_influence=True, block_count="remove",
+                                 replacement="nothing (skip)"),
     "replaceme": MethodFacts("baselines.replaceme.method:METHOD", "ReplaceMe",
-                             block_count="remove", variant_labels=(("lora", "ReplaceMe + LoRA"),)),
+                             block_count="remove", variant_labels=(("lora", "ReplaceMe + LoRA"),),
+                             replacement="linear map (folded)"),
     "streamline": MethodFacts("baselines.streamline.method:METHOD", "LLM-Streamline",
-                              variant_labels=(("lora", "LLM-Streamline + LoRA"),)),
+                              variant_labels=(("lora", "LLM-Streamline + LoRA"),),
+                              replacement="one trained module"),
     "flexigpt": MethodFacts("flexigpt.methods.prune:METHOD", "FlexiGPT",
                             block_influence=True, speculative=True, timed=True,
                             block_count="replace", start_stage=True, manifest_figures=True,
-                            variant_labels=(("lora_all", "FlexiGPT + LoRA on unpruned blocks"),)),
+                            variant_labels=(("lora_all", "FlexiGPT + LoRA on unpruned blocks"),),
+                            replacement="weight-shared block + LoRA"),
     "flexigpt_extend": MethodFacts("flexigpt.methods.extend:METHOD", "FlexiGPT extension",
                                    calibration=False, speculative=True, timed=True),
 }
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Which registry key plays each part of the paper's protocol. The tables and the DAG's
+    table sections read these roles, never a method key, so a new method needs no table code.
+
+    Attributes:
+        reference: the uncompressed model every ratio and accuracy is measured against.
+        subject: the paper's method (FlexiGPT): the ablations vary it, its start stage and
+            its manifests feed Table 4 and the figures, and every claim is about it.
+        comparator: its like-for-like baseline (Table 1's matched pair, the paired
+            comparisons, the budget ladder's trend): the same blocks removed, the same
+            trainable count and tokens, nothing put in their place.
+        extension: the extension (Table 5: the model grown by weight-shared repeats).
+    """
+
+    reference: str = "dense"
+    subject: str = "flexigpt"
+    comparator: str = "shortgpt_lora"
+    extension: str = "flexigpt_extend"
+
+    def __post_init__(self) -> None:
+        missing = [k for k in dataclasses.astuple(self) if k not in METHODS]
+        if missing:
+            raise ValueError(f"roles name unknown methods {missing}")
+
+
+#: the protocol's roles (see :class:`Roles`)
+ROLES = Roles()
 
 
 def methods_with(fact: str) -> tuple[str, ...]:

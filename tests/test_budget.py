@@ -302,6 +302,11 @@ def test_budget_table_and_figure(tmp_path):
     assert not (tmp_path / "none").exists()
 
 
+#: methods the default config gained after the fixture was written (their runs are new; every
+#: other run must be exactly as it was)
+ADDED_LATER = {"replaceme", "streamline"}
+
+
 def test_default_config_grid_is_unchanged():
     """The default config's runs, paths and every job parameter are what they were before
     the budget axis (tests/fixtures/default_grid.json, written from the code before it); the
@@ -314,6 +319,8 @@ def test_default_config_grid_is_unchanged():
     grid = RunGrid.from_config(load("config/config.yaml"))
     runs = {}
     for key, run in sorted(grid.runs.items()):
+        if run.method in ADDED_LATER:
+            continue
         rec = {"prefix": run.prefix, "compressed_dir": run.compressed_dir,
                "final_dir": run.final_dir(), "stages": run.stages(),
                "compress": run.compress_params(), "trials": grid.trials(run),
@@ -325,9 +332,13 @@ def test_default_config_grid_is_unchanged():
             for params in rec["train"].values():
                 assert params.pop("eval_every") == 16 and "eval_every" in _NOT_TRAJECTORY
         runs["/".join(key)] = rec
-    now = {"runs": runs, "eval_targets": sorted(grid.eval_targets()),
-           "figures": grid.figure_inputs(), "inference": grid.inference_targets(),
+    def old(paths):
+        return [p for p in paths if not any(f"/{m}/" in p for m in ADDED_LATER)]
+
+    now = {"runs": runs, "eval_targets": sorted(old(grid.eval_targets())),
+           "figures": {k: old(v) for k, v in grid.figure_inputs().items()}, "inference": old(grid.inference_targets()),
            "rung": grid.tuning_rung}
+    assert {run.method for run in grid.runs.values()} >= ADDED_LATER
     assert json.loads(json.dumps(now, sort_keys=True, default=list)) == golden
 
 

@@ -1,43 +1,29 @@
 """Method-specific decisions live with the method: its folder (``flexigpt/methods/``,
 ``baselines/<name>/``) and its registry entry (``flexigpt/registry.py``: facts and hooks).
-No other module compares an expression against a method key.
-
-``PENDING`` lists the modules that still do, each with its count: the tables and the DAG's
+No other module compares an expression against a method key: the tables and the DAG's
 table sections, which encode the paper's protocol (which pairs a claim compares, which
-method the ablations vary). The test fails when a module not listed starts comparing, or a
-listed one's count changes: the list may only shrink, and is updated when it does.
+method the ablations vary), compare against the protocol's roles (``flexigpt.registry.ROLES``)
+instead.
+
+``PENDING`` listed the modules that still compared, each with its count; it is now empty
+and may not grow. The test fails when any module outside the owners starts comparing.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
-from flexigpt.registry import METHODS
+from flexigpt.registry import METHODS, ROLES
 
 ROOT = Path(__file__).resolve().parent.parent
 #: modules allowed to name methods: the methods' own code and the registry; the standalone
 #: remote-code file replays each method's structure without importing the harness
 OWNERS = ("flexigpt/methods/", "baselines/", "flexigpt/registry.py",
           "flexigpt/export/modeling_flexigpt_compressed.py")
-#: module → comparisons it still makes (paper-protocol knowledge not yet in the registry)
-PENDING = {
-    "flexigpt/dag/sections.py": 2,
-    "flexigpt/tables/ablation.py": 1,
-    "flexigpt/tables/build.py": 7,
-    "flexigpt/tables/collect.py": 5,
-    "flexigpt/tables/columns.py": 1,
-    "flexigpt/tables/comparisons.py": 3,
-    "flexigpt/tables/curves.py": 3,
-    "flexigpt/tables/decode.py": 1,
-    "flexigpt/tables/labels.py": 1,
-    "flexigpt/tables/plots.py": 2,
-    "flexigpt/tables/rows.py": 3,
-    "flexigpt/tables/timing.py": 4,
-    "flexigpt/tables/timing_claims.py": 2,
-    "flexigpt/tables/trend.py": 3,
-    "flexigpt/tables/verdicts.py": 4,
-}
+#: module → comparisons it still makes; empty now, and it may not grow
+PENDING: dict[str, int] = {}
 
 
 def _strings(node: ast.AST) -> set[str]:
@@ -90,10 +76,17 @@ def test_the_detector_finds_comparisons():
     assert not method_comparisons('ok = method == other')
 
 
+def test_every_role_names_a_registered_method():
+    roles = dataclasses.asdict(ROLES)
+    assert roles
+    unknown = {role: key for role, key in roles.items() if key not in METHODS}
+    assert not unknown, f"roles naming no key of METHODS: {unknown}"
+
+
 def test_no_method_dispatch_outside_the_methods_and_the_registry():
     found = scanned()
     new = {m: hits for m, hits in found.items() if m not in PENDING}
     assert not new, f"method-key comparisons outside the method folders: {new}"
     counts = {m: len(hits) for m, hits in found.items()}
-    assert counts == PENDING, ("PENDING is out of date (it may only shrink; lower a count "
-                               f"or drop a module when its comparisons move out): {found}")
+    assert counts == PENDING, ("PENDING is out of date (it is empty and may not grow; "
+                               f"compare against ROLES instead): {found}")

@@ -26,6 +26,7 @@ from flexigpt.config_check import check_model_resource
 from flexigpt.dag.derived import budget_runs, replicate_runs, table1_ratios
 from flexigpt.dag.runs import Key, Run
 from flexigpt.devices import check_device
+from flexigpt.registry import ROLES
 
 #: a method or variant block of ``methods`` (options, recovery, links, training overrides)
 Block = dict[str, Any]
@@ -112,8 +113,9 @@ def add_table1(build: GridBuild, methods: dict[str, Any], ratios: list[float]) -
     compressed model (``compressed_from``) instead of compressing again."""
     for name, block in methods.items():
         block = block or {}
-        if name == "dense":
-            build.add(Run(build.key, "dense", "default", "full", table="dense", **build.common))
+        if name == ROLES.reference:
+            build.add(Run(build.key, ROLES.reference, "default", "full", table="dense",
+                          **build.common))
             continue
         build.blocks[(name, "default")] = _merge({}, block)
         for variant, over in (block.get("variants") or {}).items():
@@ -191,16 +193,17 @@ def add_ablations(build: GridBuild, ablations: dict[str, Any], ratios: list[floa
     ``ablations.ratio``, reusing the Table 1 FlexiGPT run's learning rates there."""
     if not ablations.get("variants"):
         return
-    if ("flexigpt", "default") not in build.blocks:
-        raise ValueError("ablations need methods.flexigpt")
-    base = build.blocks[("flexigpt", "default")]
+    if (ROLES.subject, "default") not in build.blocks:
+        raise ValueError(f"ablations need methods.{ROLES.subject}")
+    base = build.blocks[(ROLES.subject, "default")]
     table1_ratios("ablations.ratio", {"ratios": [ablations["ratio"]]}, ratios)
     setting = f"r{ablations['ratio']:g}"
-    ref = (build.key, "flexigpt", "default", setting)
+    ref = (build.key, ROLES.subject, "default", setting)
     for variant, overrides in ablations["variants"].items():
         block = {**base, "options": {**base["options"], **overrides}, "lr_from": None}
-        build.add(build.method_run("flexigpt", variant, block, setting, "ablation", "matched",
-                                   "default", lr_from=ref if ref in build.runs else None))
+        build.add(build.method_run(ROLES.subject, variant, block, setting, "ablation",
+                                   "matched", "default",
+                                   lr_from=ref if ref in build.runs else None))
 
 
 def add_extension(build: GridBuild, ext: dict[str, Any], model_path: str) -> None:

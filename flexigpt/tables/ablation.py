@@ -6,6 +6,7 @@ import logging
 
 import pandas as pd
 
+from flexigpt.registry import ROLES
 from flexigpt.tables.collect import STAGES
 from flexigpt.tables.intervals import with_errors
 from flexigpt.tables.labels import ABLATIONS, display_name, slug
@@ -36,7 +37,7 @@ def table4(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
            display: str | None = None) -> Table | None:
     """FlexiGPT ablations: start (before recovery) and final PPL per variant and ratio."""
     name = display_name(model, display)
-    rows = agg[agg["model"].eq(model) & agg["method"].eq("flexigpt")
+    rows = agg[agg["model"].eq(model) & agg["method"].eq(ROLES.subject)
                & agg["variant"].isin(ABLATIONS)]
     if not (rows["variant"] != "default").any():
         log.info("table 4 for %s: no ablation results; skipped", model)

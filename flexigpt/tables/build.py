@@ -15,6 +15,7 @@ import logging
 
 import pandas as pd
 
+from flexigpt.registry import ROLES
 from flexigpt.tables.collect import RECOVERY_COLUMNS, SETTING_KEYS, TASKS, classify
 from flexigpt.tables.columns import (
     METRIC_BEST,
@@ -49,6 +50,7 @@ from flexigpt.tables.render import Block, Table
 from flexigpt.tables.rows import (
     block_step,
     column_or_nan,
+    is_reference,
     main_rows,
     order_rows,
     table_of,
@@ -106,7 +108,7 @@ def table1(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     achieved ratio, blocks, recovery cost and chosen LR."""
     name = display_name(model, display)
     rows = main_rows(agg, model)
-    if not (rows["method"] != "dense").any():
+    if is_reference(rows).all():
         log.info("table 1 for %s: no compressed results; skipped", model)
         return None
     ours = order_rows(rows).reset_index(drop=True)
@@ -166,13 +168,13 @@ def paper_protocol_table(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     int(ratio·L), as the paper did (table "paper_protocol"), plus the dense model."""
     name = display_name(model, display)
     rows = table_rows(agg, model, "paper_protocol")
-    if not (rows["method"] != "dense").any():
+    if is_reference(rows).all():
         log.info("paper-protocol table for %s: no paper-protocol results; skipped", model)
         return None
     ours = order_rows(rows).reset_index(drop=True)
     label = ordered_labels(ours, base=True)
     frame, kinds = cost_frame(ours, label)
-    dense_layers = ours.loc[ours["method"].eq("dense"), "num_layers"].dropna()
+    dense_layers = ours.loc[is_reference(ours), "num_layers"].dropna()
     n_blocks = f" (L = {int(dense_layers.iloc[0])} here)" if len(dense_layers) else ""
     notes = result_notes(ours) + [
         "Paper protocol: FlexiGPT, ShortGPT and ShortGPT + LoRA each remove/replace the same "
@@ -272,10 +274,10 @@ def table5(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     name = display_name(model, display)
     ext = table_of(agg).eq("extension")
     rows = agg[agg["model"].eq(model) & agg["stage"].eq("final")
-               & ((ext & ~agg["method"].eq("dense"))
-                  | (agg["method"].eq("dense") & agg["variant"].isin(_EXT_DENSE)))]
-    controls = rows["method"].eq("dense") & ~rows["variant"].eq("default")
-    if not (rows["method"].eq("flexigpt_extend") | controls).any():
+               & ((ext & ~is_reference(agg))
+                  | (is_reference(agg) & agg["variant"].isin(_EXT_DENSE)))]
+    controls = is_reference(rows) & ~rows["variant"].eq("default")
+    if not (rows["method"].eq(ROLES.extension) | controls).any():
         log.info("table 5 for %s: no extension results; skipped", model)
         return None
     order = {k: i for i, k in enumerate(EXTENSION_LABELS)}

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from flexigpt.registry import ROLES
 from flexigpt.tables.schema import (
     NUMBER,
     ResultFileError,
@@ -119,11 +120,11 @@ def discover(results_dir: str | os.PathLike) -> Inputs:
 
 def classify(method: str, variant: str) -> str:
     """The table of a row without ``labels.table`` (the rules before that label existed)."""
-    if method == "dense":
+    if method == ROLES.reference:
         return "dense" if variant == "default" else "extension"
-    if method == "flexigpt_extend":
+    if method == ROLES.extension:
         return "extension"
-    if method == "flexigpt" and variant in _ABLATION_VARIANTS:
+    if method == ROLES.subject and variant in _ABLATION_VARIANTS:
         return "ablation"
     if variant == "paper" or variant.endswith("_paper"):
         return "paper_protocol"
@@ -206,7 +207,7 @@ def parse_result(path: str | os.PathLike) -> dict[str, Any]:
     if row["stage"] not in STAGES:
         raise ResultFileError(path, f"labels.stage must be one of {STAGES}, got {row['stage']!r}")
     row.update(_comparison_fields(path, data, labels, row))
-    if row["method"] == "dense":  # the uncompressed model: ratio 0 by definition
+    if row["method"] == ROLES.reference:  # the uncompressed model: ratio 0 by definition
         row["ratio"] = 0.0 if row["ratio"] is None else row["ratio"]
         row["achieved_ratio"] = 0.0 if row["achieved_ratio"] is None else row["achieved_ratio"]
     ppl = need(path, data, "perplexity", dict, nullable=True)
@@ -328,7 +329,7 @@ def read_flexigpt_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(path)
     data = read_json(path)
     info = data.get("info") if isinstance(data, dict) else None
-    if (not isinstance(info, dict) or data.get("method") != "flexigpt"
+    if (not isinstance(info, dict) or data.get("method") != ROLES.subject
             or "block_influence" not in info):
         return None  # ShortGPT records BI too, but has no replacements to plot
     scores = need(path, info, "block_influence", list, "info.")

@@ -8,7 +8,7 @@ import pandas as pd
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.labels import TASK_HEADERS, lm_variant, method_label, row_label
 from flexigpt.tables.render import sci
-from flexigpt.tables.rows import column_or_nan, optional_float
+from flexigpt.tables.rows import column_or_nan, is_reference, optional_float
 
 RECOVERY_NOTE = "* = after recovery training (the evaluated model was trained)."
 ONE_SHOT_NOTE = "(one-shot) = evaluated right after compression, never trained."
@@ -82,7 +82,7 @@ def cost_notes(frame: pd.DataFrame, ours: pd.DataFrame) -> list[str]:
 
 
 def marks_note(ours: pd.DataFrame) -> str:
-    compressed = ours[~ours["method"].eq("dense")]
+    compressed = ours[~is_reference(ours)]
     marks = []
     if ours["trained"].astype(bool).any():
         marks.append(RECOVERY_NOTE)

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from flexigpt import stats
+from flexigpt.registry import ROLES
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.labels import METHOD_LABELS, TASK_HEADERS, lm_variant, row_label
@@ -134,19 +135,21 @@ def pairs(agg: pd.DataFrame, model: str) -> list[tuple[str, pd.Series, tuple]]:
     LoRA at the same ratio; the paper-protocol FlexiGPT vs the paper-protocol ShortGPT +
     LoRA; each KD row vs the same method's LM-loss row (same LM variant and ratio)."""
     rows = main_rows(agg, model)
-    dense = key_of(agg, model, "dense", "default", 0.0)
-    like = f"vs {METHOD_LABELS['shortgpt_lora']}*"
+    dense = key_of(agg, model, ROLES.reference, "default", 0.0)
+    like = f"vs {METHOD_LABELS[ROLES.comparator]}*"
     out = []
     for _, row in rows.sort_values(["ratio", "method", "variant"]).iterrows():
-        if row["method"] == "dense":
+        if row["method"] == ROLES.reference:
             continue
         out.append(("vs Dense", row, dense))
-        if row["method"] == "flexigpt":
-            out.append((like, row, key_of(agg, model, "shortgpt_lora", "default", row["ratio"])))
+        if row["method"] == ROLES.subject:
+            out.append((like, row,
+                        key_of(agg, model, ROLES.comparator, "default", row["ratio"])))
     protocol = table_rows(agg, model, "paper_protocol", dense=False)
-    for _, row in protocol[protocol["method"].eq("flexigpt")].sort_values("ratio").iterrows():
+    subject = protocol[protocol["method"].eq(ROLES.subject)]
+    for _, row in subject.sort_values("ratio").iterrows():
         out.append((f"{like} (paper protocol)", row,
-                    key_of(agg, model, "shortgpt_lora", row["variant"], row["ratio"])))
+                    key_of(agg, model, ROLES.comparator, row["variant"], row["ratio"])))
     kd = table_rows(agg, model, "kd", dense=False)
     for _, row in kd.sort_values(["ratio", "method", "variant"]).iterrows():
         out.append(("KD vs LM loss", row,

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from flexigpt.registry import ROLES
 from flexigpt.tables.intervals import setting_key
 from flexigpt.tables.labels import method_label, slug
 from flexigpt.tables.render import si
-from flexigpt.tables.rows import main_rows
+from flexigpt.tables.rows import is_reference, main_rows
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def run_logs(agg: pd.DataFrame, logs: dict[str, pd.DataFrame], model: str,
     out = {}
     rows = main_rows(agg, model)
     rows = rows[rows["trained"].astype(bool) & ~rows["loss"].eq("kd")
-                & ~rows["method"].eq("dense")]
+                & ~is_reference(rows)]
     for _, r in rows.iterrows():
         df = by_key.get((r["method"], r["variant"], _setting(r["ratio"])))
         if df is not None:
@@ -133,8 +134,8 @@ def add_reach(agg: pd.DataFrame, logs: dict[str, pd.DataFrame]) -> pd.DataFrame:
         raw = run_logs(agg, logs, model)
         for i, r in main_rows(agg, model).iterrows():
             key = setting_key(r)
-            base = (model, "shortgpt_lora", "default", key[3], "final")
-            if r["method"] != "flexigpt" or key not in raw or base not in raw:
+            base = (model, ROLES.comparator, "default", key[3], "final")
+            if r["method"] != ROLES.subject or key not in raw or base not in raw:
                 continue
             metric, pair = common_curves({key: raw[key], base: raw[base]})
             hit = tokens_to_reach(pair[key], float(pair[base][metric].iloc[-1]))
@@ -162,7 +163,7 @@ def recovery_by_ratio(agg: pd.DataFrame, logs: dict[str, pd.DataFrame], model: s
             (line,) = ax.plot(c["tokens"] / 1e6, c[metric], lw=1.5,
                               marker="o" if metric == PPL else None, ms=3,
                               label=method_label(key[1], key[2]) + "*")
-            if key[1:3] == ("shortgpt_lora", "default"):
+            if key[1:3] == (ROLES.comparator, "default"):
                 ax.axhline(float(c[metric].iloc[-1]), color=line.get_color(), ls=":", lw=1)
         if metric == PPL:
             log_y(ax)

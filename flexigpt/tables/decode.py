@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from flexigpt.registry import ROLES
 from flexigpt.tables.render import Block
 from flexigpt.tables.schema import ResultFileError, need_number, read_json
 
@@ -79,7 +80,7 @@ def decode_block(rows: pd.DataFrame, title: str, label: Any) -> Block | None:
     reference among them; ``label(method, variant)`` names a row). None without rows."""
     if rows.empty:
         return None
-    ref = rows[rows["method"].eq("dense") & rows["mode"].eq("plain")]
+    ref = rows[rows["method"].eq(ROLES.reference) & rows["mode"].eq("plain")]
     dense_tps = float(ref["tokens_per_s_b1"].iloc[0]) if not ref.empty else math.nan
     names = [label(m, v) + (f" + self-speculative (k={int(k)})" if mode == "speculative" else "")
              for m, v, mode, k in zip(rows["method"], rows["variant"], rows["mode"],

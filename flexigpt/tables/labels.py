@@ -6,7 +6,7 @@ Method labels and their order come from :data:`flexigpt.registry.METHODS`.
 
 from __future__ import annotations
 
-from flexigpt.registry import METHODS
+from flexigpt.registry import METHODS, ROLES
 
 TASK_HEADERS = {"arc_easy": "ARC-e", "arc_challenge": "ARC-c", "piqa": "PIQA",
                 "winogrande": "WinoG.", "hellaswag": "HellaS."}
@@ -53,7 +53,7 @@ def row_label(method: str, variant: str, trained: bool, shown: str | None = None
     """``shown`` (default :func:`method_label`) + "*" when trained, + " (one-shot)" when a
     compressed model was never trained; the dense model is never marked."""
     text = shown if shown is not None else method_label(method, variant)
-    if method == "dense" and not trained:
+    if method == ROLES.reference and not trained:
         return text
     return text + ("*" if trained else " (one-shot)")
 

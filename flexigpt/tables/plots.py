@@ -23,7 +23,7 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.labels import TASK_HEADERS, method_label
 from flexigpt.tables.render import sci
-from flexigpt.tables.rows import main_rows
+from flexigpt.tables.rows import is_reference, main_rows
 from flexigpt.tables.sweep import order_trials, sweep_label
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,8 @@ def accuracy_vs_ratio(agg: pd.DataFrame, model: str, out_dir: str | os.PathLike,
     one line per method (final stage, main variants) with 95 % bootstrap error bars where
     the rows carry ``<col>_lo/_hi``; dense is a dashed reference line (its interval shaded)."""
     rows = main_rows(agg, model)
-    dense = rows[rows["method"].eq("dense")]
-    comp = rows[~rows["method"].eq("dense")]
+    dense = rows[is_reference(rows)]
+    comp = rows[~is_reference(rows)]
     if comp.empty:
         log.info("accuracy-vs-ratio plot for %s: no compressed results; skipped", model)
         return []

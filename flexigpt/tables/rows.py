@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from flexigpt.registry import ROLES
 from flexigpt.tables.collect import classify
 from flexigpt.tables.labels import METHOD_ORDER
 
@@ -24,15 +25,21 @@ def table_of(agg: pd.DataFrame) -> pd.Series:
     return agg["table"].where(agg["table"].notna(), fallback) if "table" in agg else fallback
 
 
+def is_reference(df: pd.DataFrame) -> pd.Series:
+    """Which rows of ``df`` are the reference (uncompressed) model's, :attr:`ROLES.reference
+    <flexigpt.registry.Roles.reference>` (any variant)."""
+    return df["method"].eq(ROLES.reference)
+
+
 def _dense_default(agg: pd.DataFrame) -> pd.Series:
-    return agg["method"].eq("dense") & agg["variant"].eq("default")
+    return is_reference(agg) & agg["variant"].eq("default")
 
 
 def table_rows(agg: pd.DataFrame, model: str, table: str, dense: bool = True) -> pd.DataFrame:
     """Final-stage rows of ``model`` in ``table`` (never a dense control), plus the dense
     reference (dense/default) when ``dense``."""
     ours = agg["model"].eq(model) & agg["stage"].eq("final")
-    pick = table_of(agg).eq(table) & ~agg["method"].eq("dense")
+    pick = table_of(agg).eq(table) & ~is_reference(agg)
     return agg[ours & (pick | (_dense_default(agg) if dense else False))]
 
 
@@ -60,7 +67,7 @@ def block_step(agg: pd.DataFrame, model: str) -> float | None:
     ``achieved_ratio / blocks`` over its ShortGPT(+LoRA) rows (blocks = ``blocks_pruned``,
     else dense layers − layers), or None without such rows."""
     rows = agg[agg["model"].eq(model) & agg["method"].isin(DEPTH_METHODS)]
-    dense = agg[agg["model"].eq(model) & agg["method"].eq("dense")]["num_layers"].dropna()
+    dense = agg[agg["model"].eq(model) & is_reference(agg)]["num_layers"].dropna()
     steps = []
     for _, r in rows.iterrows():
         blocks = optional_float(r.get("blocks_pruned"))

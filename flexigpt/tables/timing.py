@@ -12,6 +12,7 @@ import logging
 
 import pandas as pd
 
+from flexigpt.registry import ROLES
 from flexigpt.tables.decode import decode_block
 from flexigpt.tables.labels import METHOD_LABELS, METHOD_ORDER, display_name, method_label, slug
 from flexigpt.tables.paper_blocks import paper_title, reference_model
@@ -21,8 +22,8 @@ from flexigpt.tables.render import Block, Table
 log = logging.getLogger(__name__)
 
 #: table number → (title, predicate on our rows' method, the paper's fallback model).
-SPECS = {6: ("inference cost (pruning)", lambda m: m != "flexigpt_extend", "llama-2-7b"),
-         7: ("inference cost (extension)", lambda m: m in ("dense", "flexigpt_extend"),
+SPECS = {6: ("inference cost (pruning)", lambda m: m != ROLES.extension, "llama-2-7b"),
+         7: ("inference cost (extension)", lambda m: m in (ROLES.reference, ROLES.extension),
              "tinyllama-1.1b")}
 RANK = {m: i for i, m in enumerate(METHOD_ORDER)}
 _KINDS = {"Ratio": "pct0", "Seconds": "num3", "Tokens/s": "num0", "Norm. time": "pct1",
@@ -30,7 +31,7 @@ _KINDS = {"Ratio": "pct0", "Seconds": "num3", "Tokens/s": "num0", "Norm. time": 
 
 
 def _label(method: str, variant: str) -> str:
-    if method == "flexigpt_extend":
+    if method == ROLES.extension:
         return f"FlexiGPT ({variant})" if variant else "FlexiGPT"
     return method_label(method, variant) if method in METHOD_LABELS else method
 
@@ -70,7 +71,7 @@ def timing_table(timings: pd.DataFrame, pub: pd.DataFrame, model: str, number: i
     title = display_name(model, display)
     what, keep, fallback = SPECS[number]
     rows = timings[timings["model"].eq(model) & timings["method"].map(keep)]
-    if not (rows["method"] != "dense").any():
+    if not (rows["method"] != ROLES.reference).any():
         log.info("table %d for %s: no timing rows; skipped", number, model)
         return None
     blocks, csv_parts = [], []

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from flexigpt.registry import ROLES
 from flexigpt.tables.claim_rows import PAPER_T1, PAPER_T5, claim_row, num_text
 from flexigpt.tables.decision import REPORTED
 from flexigpt.tables.decode import PAPER_SPECULATIVE_FASTER
@@ -31,8 +32,8 @@ def claim_g(times: pd.DataFrame, pub: pd.DataFrame, model: str) -> Iterator[dict
         yield claim_row("(g) inference cost (Tables 6, 7)", "–", "", "not measured", None,
                         "not measured")
         return
-    for _, t in rows[~rows["method"].eq("dense")].iterrows():
-        table = 7 if t["method"] == "flexigpt_extend" else 6
+    for _, t in rows[~rows["method"].eq(ROLES.reference)].iterrows():
+        table = 7 if t["method"] == ROLES.extension else 6
         ref = match_published(pub, (table,), PAPER_T1 if table == 6 else PAPER_T5,
                               t["method"], t["variant"], None, None)
         paper = "" if ref is None else (f"time {num_text(ref['relative_time'], '')}%, "

@@ -50,6 +50,7 @@ from typing import Any
 import pandas as pd
 
 from flexigpt import stats
+from flexigpt.registry import ROLES
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.comparisons import Comparator
 from flexigpt.tables.intervals import setting_key
@@ -100,7 +101,7 @@ def _candidates(agg: pd.DataFrame, model: str) -> pd.DataFrame:
     if agg.empty:
         return agg
     keep = (agg["model"].eq(model) & agg["stage"].eq("final")
-            & agg["method"].isin(["flexigpt", "shortgpt_lora"])
+            & agg["method"].isin([ROLES.subject, ROLES.comparator])
             & ~table_of(agg).isin(_OTHER_TABLES) & agg["ratio"].notna())
     if "trained" in agg:
         keep &= agg["trained"].fillna(False).astype(bool)
@@ -118,8 +119,8 @@ def like_for_like(agg: pd.DataFrame, model: str,
     if ratio is not None and not rows.empty:
         rows = rows[(rows["ratio"] - ratio).abs().lt(1e-6)]
     out = []
-    flex = rows[rows["method"].eq("flexigpt")]
-    base = rows[rows["method"].eq("shortgpt_lora")]
+    flex = rows[rows["method"].eq(ROLES.subject)]
+    base = rows[rows["method"].eq(ROLES.comparator)]
     for _, a in flex.iterrows():
         t = optional_float(a.get("tokens"))
         for _, b in base.iterrows():

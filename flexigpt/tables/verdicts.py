@@ -37,6 +37,7 @@ from typing import Any
 
 import pandas as pd
 
+from flexigpt.registry import ROLES
 from flexigpt.tables.claim_rows import (
     BENCHMARKS,
     DIRECTION,
@@ -60,7 +61,7 @@ from flexigpt.tables.intervals import setting_key
 from flexigpt.tables.labels import ABLATIONS, method_label
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
-from flexigpt.tables.rows import main_rows, table_of
+from flexigpt.tables.rows import is_reference, main_rows, table_of
 from flexigpt.tables.timing_claims import claim_g, claim_h
 from flexigpt.tables.trend import BudgetPair
 
@@ -107,9 +108,11 @@ def claims_ab(agg, pub, comp: Comparator, model: str,
 def _paper_best(pub: pd.DataFrame, r: float) -> tuple[int, str]:
     """(k, text) of Table 1's "FlexiGPT* best on k/6" at ratio ``r``."""
     t1 = pub[pub["table"].eq(1) & pub["model"].eq(PAPER_T1)
-             & (pub["ratio"] - r).abs().lt(1e-6) & ~pub["method"].isin(["dense", "flexigpt"])]
+             & (pub["ratio"] - r).abs().lt(1e-6)
+             & ~pub["method"].isin([ROLES.reference, ROLES.subject])]
     others = [(m, v, r) for m, v in zip(t1["method"], t1["variant"])]
-    got = paper_wins(pub, 1, PAPER_T1, ("flexigpt", "default", r), others) if others else None
+    got = (paper_wins(pub, 1, PAPER_T1, (ROLES.subject, "default", r), others) if others
+           else None)
     if got is None:
         need = _PAPER_BEST.get(round(r, 6), 6)
         return need, f"best on {need}/6"
@@ -125,7 +128,7 @@ def _others(agg: pd.DataFrame, comp: Comparator, model: str,
     budget is unknown)."""
     rows = main_rows(agg, model)
     at = rows[(rows["ratio"] - pair.ratio).abs().lt(1e-6) & rows["trained"].astype(bool)
-              & ~rows["method"].isin(["dense", "flexigpt", "shortgpt_lora"])
+              & ~rows["method"].isin([ROLES.reference, ROLES.subject, ROLES.comparator])
               & ~rows["loss"].eq("kd")]
     if pair.tokens is not None and "tokens" in at:
         at = at[at["tokens"].eq(pair.tokens)]
@@ -172,13 +175,13 @@ def _ablation_checks(agg: pd.DataFrame, model: str, r: float) -> list[tuple]:
 def claim_d(agg, pub, comp: Comparator, model: str,
             rules: Rules = DEFAULT_RULES) -> Iterator[dict[str, Any]]:
     """(d) Table 4 ordering of the ablations."""
-    abl = agg[agg["model"].eq(model) & agg["method"].eq("flexigpt")
+    abl = agg[agg["model"].eq(model) & agg["method"].eq(ROLES.subject)
               & table_of(agg).eq("ablation")]
     for r in sorted(set(abl["ratio"].dropna()) | {0.3}):
         for claim, a, b, direction, stage in _ablation_checks(agg, model, r):
             d = comp.diff(a, b, "log_ppl")
-            paper = paper_pair(pub, 4, PAPER_T1, ("flexigpt", a[2], r, stage),
-                               ("flexigpt", b[2], r, stage), "log_ppl")
+            paper = paper_pair(pub, 4, PAPER_T1, (ROLES.subject, a[2], r, stage),
+                               (ROLES.subject, b[2], r, stage), "log_ppl")
             yield claim_row(claim, f"{100 * r:.0f}%", paper, ours_pair(agg, a, b, "log_ppl"),
                             d, decide(d, direction, rules.log_ppl_margin), "log_ppl",
                             margin=rules.log_ppl_margin, **tokens_fields(agg, a))
@@ -285,7 +288,7 @@ def verdict_table(agg: pd.DataFrame, pub: pd.DataFrame, times: pd.DataFrame,
     blocks, csv = [], []
     for model in models:
         mine = agg[agg["model"].eq(model)]
-        if (mine["method"].eq("dense") & mine["variant"].eq("default")).all():
+        if (is_reference(mine) & mine["variant"].eq("default")).all():
             continue  # only the dense model: no claim to check
         rows = [*claims_ab(agg, pub, comp, model, rules),
                 *claim_c(agg, pub, comp, model, rules), *claim_d(agg, pub, comp, model, rules),
