@@ -59,8 +59,12 @@ def test_smoke_dag_end_to_end(tmp_path, key, tiny_resources):
             assert result["parameters"]["achieved_ratio"] > 0.05, target
 
     table1 = (tmp_path / f"results/{key}/tables/table1_{key}.csv").read_text()
-    for method in ("shortgpt", "shortgpt_lora", "slicegpt", "llm_pruner", "flexigpt"):
-        assert table1.count(method) >= 2, method  # both ratios
+    for method in ("shortgpt", "shortgpt_lora", "slicegpt", "llm_pruner", "flexigpt",
+                   "replaceme", "streamline"):
+        assert table1.count(method) >= 2, method  # one-shot + recovered, or both ratios
+    strategies = (tmp_path / f"results/{key}/tables/table_replacement_{key}.csv").read_text()
+    for method in ("shortgpt_lora", "replaceme", "streamline", "flexigpt"):
+        assert method in strategies, method
     assert "nan" not in table1.lower().replace("n/a", "")
     md = (tmp_path / f"results/{key}/tables/table1_{key}.md").read_text()
     # * marks exactly the recovery-trained rows (smoke config: ShortGPT + LoRA and FlexiGPT)

@@ -15,7 +15,7 @@ import logging
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.registry import METHODS, ROLES
 from flexigpt.tables.collect import RECOVERY_COLUMNS, SETTING_KEYS, TASKS, classify
 from flexigpt.tables.columns import (
     METRIC_BEST,
@@ -93,11 +93,14 @@ def _block_rule_note(agg: pd.DataFrame, model: str, ours: pd.DataFrame) -> str |
     labelled = (column_or_nan(ours, "labels_table").notna()
                 | column_or_nan(ours, "protocol").eq("matched"))
     if labelled.any():
-        parts.append("All rows of one ratio target the same achieved compression; FlexiGPT and "
-                     "its like-for-like baselines (ShortGPT, ShortGPT + LoRA) share the "
+        subject = METHODS[ROLES.subject].label
+        others = ", ".join(METHODS[m].label for m in dict.fromkeys(ours["method"])
+                           if METHODS[m].replacement is not None and m != ROLES.subject)
+        parts.append(f"All rows of one ratio target the same achieved compression; {subject} "
+                     f"and its like-for-like baselines ({others}) share the "
                      "block-count rule (flexigpt/block_count.py, policy 'matched'): each "
-                     "baseline targets the achieved ratio of the FlexiGPT model it is compared "
-                     "with, so they land within half a block step of it.")
+                     f"baseline targets the achieved ratio of the {subject} model it is "
+                     "compared with, so they land within half a block step of it.")
     return " ".join(parts) or None
 
 

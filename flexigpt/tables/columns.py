@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from flexigpt.registry import METHODS, ROLES
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.labels import TASK_HEADERS, lm_variant, method_label, row_label
 from flexigpt.tables.render import sci
@@ -56,12 +57,28 @@ def cost_frame(ours: pd.DataFrame, label: pd.Series, layers: bool = False) -> tu
     return frame.drop(columns=drop), kinds
 
 
+def blocks_note(ours: pd.DataFrame) -> str:
+    """What the Blocks column counts for the methods of ``ours``: blocks taken out, and what
+    each method puts in their place (:attr:`flexigpt.registry.MethodFacts.replacement`)."""
+    strategies: dict[str, list[str]] = {}
+    width = []
+    for method in dict.fromkeys(ours["method"]):
+        facts = METHODS[method]
+        if facts.replacement is not None:
+            strategies.setdefault(facts.replacement, []).append(facts.label)
+        elif method != ROLES.reference:
+            width.append(facts.label)
+    put = "; ".join(f"{what}: {', '.join(labels)}" for what, labels in strategies.items())
+    text = "Blocks = transformer blocks taken out" + (f" (in their place, {put})" if put else "")
+    dash = f"width methods ({', '.join(width)}) and the dense model" if width else "the dense model"
+    return f"{text}; – for {dash}."
+
+
 def cost_notes(frame: pd.DataFrame, ours: pd.DataFrame) -> list[str]:
     """What Blocks / Trainable / Tokens / LR mean, for the columns shown."""
     parts = []
     if "Blocks" in frame:
-        parts.append("Blocks = transformer blocks removed (ShortGPT) or replaced (FlexiGPT); "
-                     "– for width methods (SliceGPT, LLM-Pruner) and the dense model.")
+        parts.append(blocks_note(ours))
     if "Trainable (M)" in frame:
         parts.append("Trainable = parameters trained in recovery (millions).")
     if "Tokens" in frame:

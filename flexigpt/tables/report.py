@@ -31,6 +31,7 @@ from flexigpt.tables.intervals import RecordStore, add_intervals
 from flexigpt.tables.labels import slug
 from flexigpt.tables.published import load_published
 from flexigpt.tables.render import Table, html_page, to_markdown, write_table
+from flexigpt.tables.replacement import replacement_table
 from flexigpt.tables.selections import collect_selections
 from flexigpt.tables.verdicts import verdict_table
 
@@ -168,8 +169,8 @@ def _result_tables(data: _Loaded, models: list[str], names: Mapping[str, str], o
     KD, 4 and 5 per model; returns (files written, the tables for ``report.md``)."""
     written: list[Path] = []
     summary: list[Table] = []
+    comp = Comparator(data.store)
     if models:
-        comp = Comparator(data.store)
         for table in (verdict_table(data.agg, data.pub, data.times, comp, models, data.decodes),
                       comparison_table(data.agg, comp, models)):
             if table is not None:
@@ -182,6 +183,10 @@ def _result_tables(data: _Loaded, models: list[str], names: Mapping[str, str], o
             if table is not None:
                 written += write_table(table, out, formats)
                 summary.append(table)
+        table = replacement_table(data.agg, comp, model, display=names.get(model))
+        if table is not None:
+            written += write_table(table, out, tuple(f for f in formats if f != "tex"))
+            summary.append(table)
     return written, summary
 
 

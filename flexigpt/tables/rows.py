@@ -10,12 +10,13 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.registry import METHODS, ROLES
 from flexigpt.tables.collect import classify
 from flexigpt.tables.labels import METHOD_ORDER
 
-#: Methods that remove whole blocks (their achieved ratio / blocks gives the block step).
-DEPTH_METHODS = ("shortgpt", "shortgpt_lora")
+#: Methods that delete whole blocks and add nothing (their achieved ratio / blocks gives the
+#: block step): the registry's ``block_count == "remove"``.
+DEPTH_METHODS = tuple(name for name, facts in METHODS.items() if facts.block_count == "remove")
 
 
 def table_of(agg: pd.DataFrame) -> pd.Series:
@@ -64,7 +65,7 @@ def optional_float(v: Any) -> float | None:
 
 def block_step(agg: pd.DataFrame, model: str) -> float | None:
     """Points of the parameter ratio one block is worth for ``model``: the median of
-    ``achieved_ratio / blocks`` over its ShortGPT(+LoRA) rows (blocks = ``blocks_pruned``,
+    ``achieved_ratio / blocks`` over its :data:`DEPTH_METHODS` rows (blocks = ``blocks_pruned``,
     else dense layers − layers), or None without such rows."""
     rows = agg[agg["model"].eq(model) & agg["method"].isin(DEPTH_METHODS)]
     dense = agg[agg["model"].eq(model) & is_reference(agg)]["num_layers"].dropna()
