@@ -81,7 +81,7 @@ def replacement_table(agg: pd.DataFrame, comp: Comparator, model: str,
     ours = order_rows(rows).reset_index(drop=True)
     per_block = block_size(ours)
     added = added_parameters(ours, per_block)
-    diffs: list[tuple[Diff, Diff]] = []
+    diffs: list[tuple[Diff | None, Diff | None]] = []
     for _, row in ours.iterrows():
         if strategy(row["method"]) == SKIP:
             diffs.append((None, None))
@@ -128,9 +128,15 @@ def replacement_table(agg: pd.DataFrame, comp: Comparator, model: str,
         tokens=column_or_nan(ours, "tokens"), ppl=ours["ppl"], avg=ours["avg"],
         ppl_lo=column_or_nan(ours, "ppl_lo"), ppl_hi=column_or_nan(ours, "ppl_hi"),
         avg_lo=column_or_nan(ours, "avg_lo"), avg_hi=column_or_nan(ours, "avg_hi"),
-        **{f"{m}_vs_skip_{part}": [getattr(d[i].interval, part, None)
-                                   if d[i] is not None and d[i].interval is not None else None
-                                   for d in diffs]
+        **{f"{m}_vs_skip_{part}": [_interval_part(d[i], part) for d in diffs]
            for i, m in enumerate(("log_ppl", "avg")) for part in ("estimate", "low", "high")})
     return Table(f"table_replacement_{slug(model)}",
                  f"Replacement strategies — {display_name(model, display)}", [block], csv)
+
+
+def _interval_part(diff: Diff | None, part: str) -> float | None:
+    """``part`` (estimate, low or high) of a paired difference's interval; None when the
+    difference or its interval is missing."""
+    if diff is None or diff.interval is None:
+        return None
+    return getattr(diff.interval, part, None)
