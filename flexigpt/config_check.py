@@ -64,6 +64,8 @@ class RunView(Protocol):
     @property
     def training(self) -> dict[str, Any]: ...
     @property
+    def recipe(self) -> str | None: ...
+    @property
     def match(self) -> tuple[str, str, str, str] | None: ...
     @property
     def ratio(self) -> float | None: ...
@@ -236,7 +238,8 @@ def check_run_training(config: dict[str, Any], grid: GridView,
             problems += unknown
             continue
         try:
-            TrainConfig(**params)
+            # the recipe as the trainer resolves it (the method's own when not overridden)
+            TrainConfig(**{"recipe": run.recovery_recipe(), **params})
         except (ValueError, TypeError) as err:
             key = _named_key(str(err), list(params))
             problems.append((_training_where(grid, run, trial, sources, key), str(err)))
@@ -254,8 +257,8 @@ def _training_where(grid: GridView, run: RunView, trial: str,
         return "tuning.windows"
     if key in ("tokens", "recipe") and run.table == "extension":
         return "extension"
-    if key in run.training:
-        return _where(sources, key)
+    if key in run.training or (key == "recipe" and run.recipe is not None):
+        return _where(sources, key)  # a method/variant block's override
     return "training"
 
 

@@ -211,6 +211,9 @@ class MethodFacts:
         replacement: what it puts where removed blocks were, for the replacement-strategies
             table (e.g. ``"nothing (skip)"``, ``"linear map"``); None: not a block-removal
             method (it has no row there).
+        paper_variants: its DAG variants that are baselines of the paper's Table 1 (claim
+            (c), "FlexiGPT* best vs the recovered baselines", compares against these only;
+            later baselines such as ReplaceMe are compared in their own tables).
     """
 
     target: str
@@ -226,6 +229,7 @@ class MethodFacts:
     variant_labels: tuple[tuple[str, str], ...] = ()
     structure_defaults: tuple[tuple[str, Any], ...] = ()
     replacement: str | None = None
+    paper_variants: tuple[str, ...] = ()
 
 
 #: name → facts, in table order (rows of every table follow this order).
@@ -234,20 +238,24 @@ METHODS: dict[str, MethodFacts] = {
                          timed=True),
     "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT",
                             variant_labels=(("rft", "SliceGPT + RFT"),),
+                            paper_variants=("default", "rft"),
                             structure_defaults=(("head_bias", False),)),
     "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner",
-                              variant_labels=(("lora", "LLM-Pruner + LoRA"),)),
+                              variant_labels=(("lora", "LLM-Pruner + LoRA"),),
+                              paper_variants=("default", "lora")),
     "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT",
                             block_influence=True, timed=True, block_count="remove",
-                            replacement="nothing (skip)"),
+                            variant_labels=(("last3", "ShortGPT + FT last 3 blocks & head"),),
+                            replacement="nothing (skip)", paper_variants=("default",)),
     "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",
                                  block_influence=True, block_count="remove",
-                                 replacement="nothing (skip)"),
+                                 replacement="nothing (skip)", paper_variants=("default",)),
     "replaceme": MethodFacts("baselines.replaceme.method:METHOD", "ReplaceMe",
-                             block_count="remove", variant_labels=(("lora", "ReplaceMe + LoRA"),),
+                             block_count="remove", timed=True,
+                             variant_labels=(("lora", "ReplaceMe + LoRA"),),
                              replacement="linear map (folded)"),
     "streamline": MethodFacts("baselines.streamline.method:METHOD", "LLM-Streamline",
-                              variant_labels=(("lora", "LLM-Streamline + LoRA"),),
+                              timed=True, variant_labels=(("lora", "LLM-Streamline + LoRA"),),
                               replacement="one trained module"),
     "flexigpt": MethodFacts("flexigpt.methods.prune:METHOD", "FlexiGPT",
                             block_influence=True, speculative=True, timed=True,
@@ -287,6 +295,13 @@ class Roles:
 
 #: the protocol's roles (see :class:`Roles`)
 ROLES = Roles()
+
+
+def is_paper_baseline(method: str, variant: str) -> bool:
+    """Whether ``method``'s ``variant`` is a baseline of the paper's Table 1
+    (:attr:`MethodFacts.paper_variants`)."""
+    facts = METHODS.get(method)
+    return facts is not None and variant in facts.paper_variants
 
 
 def methods_with(fact: str) -> tuple[str, ...]:

@@ -54,6 +54,12 @@ def test_shipped_configs_pass(path):
      "global_batch (8) must be a multiple of micro_batch (3)"),
     (lambda c: c["tuning"]["grid"]["flexigpt"].update(lr=[-1.0]), "/flexigpt/",
      "tuning.grid.flexigpt", "lr must be a positive number"),
+    (lambda c: c["methods"]["shortgpt"]["variants"]["last3"]["training"].pop("last_blocks"),
+     "tiny-llama/shortgpt/last3/r0.3", "methods.shortgpt.variants.last3.training",
+     "recipe 'last_blocks' needs last_blocks"),
+    (lambda c: c["methods"]["shortgpt_lora"].update(training={"last_blocks": 2}),
+     "tiny-llama/shortgpt_lora/default/r0.3", "methods.shortgpt_lora.training",
+     "applies to recipe 'last_blocks' only"),
 ])
 def test_bad_option_names_run_key_and_problem(mutate, run, where, problem):
     message = grid_error(mutate)

@@ -109,10 +109,17 @@ def _inputs(base: Path, tiny_checkpoint: Path, text_file: Path) -> dict[str, Pat
     return {"model": tiny_checkpoint, "text": text_file, "bench": bench}
 
 
+def _compress(method: str):
+    return lambda i: ["compress", "--method", method, "--model", str(i["model"]), "--out", "out",
+                      "--ratio", "0.5", "--calibration", str(i["text"]), "--n-calibration",
+                      "2", "--seq-len", "16"]
+
+
 STAGES = {
-    "compress": lambda i: ["compress", "--method", "flexigpt", "--model", str(i["model"]),
-                           "--out", "out", "--ratio", "0.5", "--calibration", str(i["text"]),
-                           "--n-calibration", "2", "--seq-len", "16"],
+    "compress": _compress("flexigpt"),
+    # the replacement baselines save through the same path; their compress points again
+    "compress-replaceme": _compress("replaceme"),
+    "compress-streamline": _compress("streamline"),
     "train": lambda i: ["train", "--model", str(i["model"]), "--out", "out", "--tokens",
                         str(32 * 4 * 6), "--text", str(i["text"]), "--validation",
                         str(i["text"]), "--seq-len", "32", "--micro-batch", "2",
@@ -132,6 +139,12 @@ CASES = [
     ("compress", "save:staged", False),    # every file written to the staging directory
     ("compress", "save:staged", True),
     ("compress", "save:swap", True),       # the previous output moved aside, not yet replaced
+    ("compress-replaceme", "save:staged", False),
+    ("compress-streamline", "save:swap", True),
+    pytest.param("compress-replaceme", "compress:done", True, marks=pytest.mark.slow),
+    pytest.param("compress-replaceme", "save:swap", True, marks=pytest.mark.slow),
+    pytest.param("compress-streamline", "compress:done", False, marks=pytest.mark.slow),
+    pytest.param("compress-streamline", "save:staged", True, marks=pytest.mark.slow),
     ("train", "train:step:1", False),      # before the first checkpoint
     ("train", "train:step:3", False),      # checkpoint of step 2 on disk
     ("train", "ckpt:staged:1", False),     # first checkpoint written, not yet in place
@@ -164,8 +177,12 @@ def _reference(references, stage, inputs, base):
     return references[stage]
 
 
-@pytest.mark.parametrize("stage,kill,previous", CASES,
-                         ids=[f"{s}-{k}{'-over-previous' if p else ''}" for s, k, p in CASES])
+def _case_id(case) -> str:
+    s, k, p = case.values if hasattr(case, "values") else case
+    return f"{s}-{k}{'-over-previous' if p else ''}"
+
+
+@pytest.mark.parametrize("stage,kill,previous", CASES, ids=[_case_id(c) for c in CASES])
 def test_kill_then_rerun_equals_uninterrupted(stage, kill, previous, references,
                                               tiny_checkpoint, text_file, tmp_path_factory):
     base = tmp_path_factory.getbasetemp() / "faults"

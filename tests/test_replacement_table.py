@@ -27,7 +27,7 @@ def _row(method, variant, trained, blocks, compressed, ratio=0.3, table="main"):
             **{t: 50.0 for t in TASKS}, "avg": 50.0, "n_seeds": 1, "ppl_text": "t",
             "ppl_seq_len": 512, "params_dense": DENSE, "params_compressed": compressed,
             "blocks_pruned": blocks, "trainable_params": 1000 if trained else None,
-            "tokens": 4096 if trained else None}
+            "tokens": 4096 if trained else None, "loss": "lm"}
 
 
 def _agg(*extra):
@@ -84,3 +84,23 @@ def test_one_strategy_gives_no_table():
     agg = _agg()
     only_skip = agg[agg["method"].isin(["dense", "shortgpt", "shortgpt_lora"])]
     assert replacement_table(only_skip, Comparator(RecordStore()), "m") is None
+
+
+def test_claim_c_compares_against_the_paper_baselines_only():
+    """(c) is the paper's claim against its own baselines: ReplaceMe, LLM-Streamline and
+    ShortGPT + last-blocks fine-tuning (later baselines) are not in its family."""
+    from flexigpt.registry import is_paper_baseline
+    from flexigpt.tables.trend import BudgetPair
+    from flexigpt.tables.verdicts import _others
+
+    assert is_paper_baseline("slicegpt", "rft") and is_paper_baseline("llm_pruner", "lora")
+    assert not is_paper_baseline("replaceme", "lora")
+    assert not is_paper_baseline("shortgpt", "last3") and not is_paper_baseline("x", "default")
+    agg = _agg(_row("shortgpt", "last3", True, 4, DENSE - 4 * BLOCK),
+               _row("slicegpt", "rft", True, None, DENSE - 200_000),
+               _row("streamline", "lora", True, 5, DENSE - 4 * BLOCK))
+    pair = BudgetPair(0.3, "default", 4096, DENSE, ("m", "flexigpt", "default", "r0.3", "final"),
+                      ("m", "shortgpt_lora", "default", "r0.3", "final"))
+    keys, names = _others(agg, Comparator(RecordStore()), "m", pair)
+    assert names == ["SliceGPT + RFT*"]
+    assert [k[1:3] for k in keys] == [("slicegpt", "rft")]

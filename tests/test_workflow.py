@@ -116,8 +116,10 @@ def test_grid_of_default_config():
         "manifests"]
     assert "results/smollm2-135m/shortgpt_lora/default/r0.3/trained/train_log.csv" in figures[
         "train_logs"]
-    assert not any("/shortgpt/" in p or "slicegpt/default" in p
+    assert not any("/shortgpt/default/" in p or "slicegpt/default" in p
                    for p in sum(figures.values(), []))
+    assert "results/smollm2-135m/shortgpt/last3/r0.3/trained/train_log.csv" in figures[
+        "train_logs"]  # ShortGPT + fine-tuning of the last 3 blocks is a recovered run
     assert "results/smollm2-135m/slicegpt/rft/r0.3/trained/selection.json" in figures[
         "selections"]
     assert {("flexigpt_extend", "block", "L45"), ("flexigpt_extend", "sequential", "L45"),

@@ -24,7 +24,8 @@ BUDGET_LR = ("sweep", "smallest")
 #: which budget points are scored on the tasks (``budget.tasks``; perplexity at every point).
 BUDGET_TASKS = ("all", "top")
 #: learning-rate keys a tuning grid may sweep, per trainer recipe.
-GRID_KEYS = {"flexigpt": ("lr", "gamma_lr"), "lora": ("lr",), "full": ("lr",)}
+GRID_KEYS = {"flexigpt": ("lr", "gamma_lr"), "lora": ("lr",), "full": ("lr",),
+             "last_blocks": ("lr",)}
 
 #: ``(model, method, variant, setting)``: the wildcards of one run
 Key = tuple[str, str, str, str]

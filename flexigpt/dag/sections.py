@@ -78,10 +78,10 @@ class GridBuild:
 
         links: dict[str, Any] = {"match": ref("match"), "budget": ref("budget"),
                                  "lr_from": ref("lr_from"), **overrides}
+        training = dict(block.get("training") or {})
         return Run(self.key, name, variant, setting, options=dict(block["options"]),
-                   recovery=bool(block.get("recovery")),
-                   training=dict(block.get("training") or {}), table=table,
-                   protocol=protocol, **links, **self.common)
+                   recovery=bool(block.get("recovery")), recipe=training.pop("recipe", None),
+                   training=training, table=table, protocol=protocol, **links, **self.common)
 
 
 def start_build(config: dict[str, Any]) -> GridBuild:

@@ -37,7 +37,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.registry import ROLES, is_paper_baseline
 from flexigpt.tables.claim_rows import (
     BENCHMARKS,
     DIRECTION,
@@ -123,13 +123,15 @@ def _paper_best(pub: pd.DataFrame, r: float) -> tuple[int, str]:
 def _others(agg: pd.DataFrame, comp: Comparator, model: str,
             pair: BudgetPair) -> tuple[list[tuple], list[str]]:
     """(keys, names) of the recovered baselines (c) compares against at ``pair``'s ratio and
-    budget: the pair's ShortGPT + LoRA* (when run) and every other recovered Table 1
-    baseline (not FlexiGPT, not KD) trained on the same number of tokens (any, when the
-    budget is unknown)."""
+    budget: the pair's ShortGPT + LoRA* (when run) and every other recovered Table 1 run of
+    a paper baseline (:func:`flexigpt.registry.is_paper_baseline`; not FlexiGPT, not KD, not
+    the later baselines) trained on the same number of tokens (any, when the budget is
+    unknown)."""
     rows = main_rows(agg, model)
+    paper = [is_paper_baseline(m, v) for m, v in zip(rows["method"], rows["variant"])]
     at = rows[(rows["ratio"] - pair.ratio).abs().lt(1e-6) & rows["trained"].astype(bool)
               & ~rows["method"].isin([ROLES.reference, ROLES.subject, ROLES.comparator])
-              & ~rows["loss"].eq("kd")]
+              & ~rows["loss"].eq("kd") & pd.Series(paper, index=rows.index, dtype=bool)]
     if pair.tokens is not None and "tokens" in at:
         at = at[at["tokens"].eq(pair.tokens)]
     keys = [pair.key_b] if comp.has(pair.key_b) else []

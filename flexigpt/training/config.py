@@ -8,6 +8,11 @@ value came from.
 ``manifest.info["recovery"]`` is a :class:`flexigpt.registry.RecoveryRecipe` (the method's
 recipe: ``recipe``, ``lr``, ``gamma_lr``, ``lora_rank``, ``lora_alpha``, ``lora_dropout``,
 ``lora_targets``; all optional).
+
+Recipes (:data:`RECIPES`, applied by :func:`flexigpt.training.recipes.apply_recipe`):
+``flexigpt`` (replacement adapters), ``lora`` (mergeable LoRA on every block), ``full``
+(every parameter), ``none`` (nothing), ``last_blocks`` (the last ``last_blocks`` decoder
+blocks, the final norm and the LM head: the layer-pruning literature's recovery baseline).
 """
 
 from __future__ import annotations
@@ -24,13 +29,15 @@ if TYPE_CHECKING:
     from flexigpt.manifest import Manifest
 
 #: Trainable-set recipes understood by :func:`flexigpt.training.recipes.apply_recipe`.
-RECIPES = ("flexigpt", "lora", "full", "none")
+RECIPES = ("flexigpt", "lora", "full", "none", "last_blocks")
 
 #: Learning rate per recipe when neither the config nor the manifest gives one.
 #: flexigpt/lora: 4e-3, the paper's adapter-only LR (docs/method-flexigpt.md §2);
 #: full: 1e-4, a conventional full fine-tuning LR for a pretrained LM (4e-3 would be
-#: destructive for all weights; the extension control uses it).
-DEFAULT_LR = {"flexigpt": 4e-3, "lora": 4e-3, "full": 1e-4, "none": 0.0}
+#: destructive for all weights; the extension control uses it); last_blocks: 1e-4 too, the
+#: same full fine-tuning LR, since it updates whole pretrained weight matrices (the last
+#: blocks, the LM head and, when tied, the input embedding) rather than fresh adapters.
+DEFAULT_LR = {"flexigpt": 4e-3, "lora": 4e-3, "full": 1e-4, "none": 0.0, "last_blocks": 1e-4}
 #: LoRA rank/alpha when neither config nor manifest gives them (LLM-Pruner's r 8, α 16).
 DEFAULT_LORA_RANK = 8
 DEFAULT_LORA_ALPHA = 16.0
@@ -87,6 +94,9 @@ class TrainConfig:
         lora_budget: total trainable parameters to match (a like-for-like comparison): the
             mergeable LoRA rank is chosen so that the trainable count (FlexiGPT adapters
             included) is nearest to it, α scaled to keep α/r; None → ``lora_rank``.
+        last_blocks: recipe ``last_blocks`` only, and required by it: k, the number of
+            trailing decoder blocks trained (with the final norm and the LM head; k must be
+            below the model's block count, checked when the recipe is applied).
         loss: ``lm`` (next-token cross-entropy, the paper's) or ``kd`` (KL divergence to a
             dense teacher's next-token distribution at ``kd_temperature``, scaled by T²,
             on the same tokens; the teacher is passed to :func:`train_model`).
@@ -123,6 +133,7 @@ class TrainConfig:
     lora_targets: tuple[str, ...] | None = None
     lora_other_blocks: bool = False
     lora_budget: int | None = None
+    last_blocks: int | None = None
     loss: str = "lm"
     kd_temperature: float = 2.0
     device: str = "auto"
@@ -183,9 +194,10 @@ class TrainConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
 
     def _check_lora(self) -> None:
-        """Recipe name and the LoRA settings that are given."""
+        """Recipe name, ``last_blocks`` and the LoRA settings that are given."""
         if self.recipe is not None and self.recipe not in RECIPES:
             raise ValueError(f"recipe must be one of {RECIPES} or None, got {self.recipe!r}")
+        check_last_blocks(self.recipe, self.last_blocks, given=self.recipe is not None)
         if self.lora_rank is not None:
             _check_int(self, "lora_rank")
         if self.lora_alpha is not None and not (_finite(self.lora_alpha) and self.lora_alpha > 0):
@@ -232,6 +244,7 @@ class TrainPlan:
     lora_targets: tuple[str, ...] | None
     lora_other_blocks: bool
     lora_budget: int | None = None
+    last_blocks: int | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -245,8 +258,9 @@ def resolve_plan(cfg: TrainConfig, manifest: Manifest) -> TrainPlan:
     """Fill the config's open choices from ``manifest`` and the method registry.
 
     Raises:
-        ValueError: the manifest names an unknown recipe, or ``lora_other_blocks`` is set
-            for a recipe other than ``flexigpt``.
+        ValueError: the manifest names an unknown recipe, ``lora_other_blocks`` is set
+            for a recipe other than ``flexigpt``, or ``last_blocks`` is missing for recipe
+            ``last_blocks`` / set for another one.
     """
     recovery = RecoveryRecipe.from_info(manifest.info) or RecoveryRecipe(recipe=None)
     sources: dict[str, str] = {}
@@ -271,6 +285,7 @@ def resolve_plan(cfg: TrainConfig, manifest: Manifest) -> TrainPlan:
                          f"{RECIPES}")
     if cfg.lora_other_blocks and recipe != "flexigpt":
         raise ValueError(f"lora_other_blocks applies to recipe 'flexigpt' only, not {recipe!r}")
+    check_last_blocks(recipe, cfg.last_blocks, given=True)
     lr = float(pick("lr", cfg.lr, DEFAULT_LR[recipe]))
     gamma_lr = float(pick("gamma_lr", cfg.gamma_lr, lr))
     rank = int(pick("lora_rank", cfg.lora_rank, DEFAULT_LORA_RANK))
@@ -291,7 +306,28 @@ def resolve_plan(cfg: TrainConfig, manifest: Manifest) -> TrainPlan:
                      lora_dropout=dropout,
                      lora_targets=None if targets is None else tuple(targets),
                      lora_other_blocks=cfg.lora_other_blocks, lora_budget=cfg.lora_budget,
-                     sources=sources)
+                     last_blocks=cfg.last_blocks, sources=sources)
+
+
+def check_last_blocks(recipe: str | None, k: Any, *, given: bool) -> None:
+    """``last_blocks`` (k) is an integer >= 1, set only for recipe ``last_blocks``, and set
+    for it whenever the recipe is known (``given``: a config's recipe left open is resolved
+    later, by :func:`resolve_plan`, which checks again). The bound k < the model's block
+    count needs the model (:func:`flexigpt.training.recipes.apply_recipe`).
+
+    Raises:
+        ValueError: naming ``last_blocks`` (a bad or misplaced k) or ``recipe`` (k missing).
+    """
+    if k is not None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"last_blocks must be an integer >= 1 (the number of trailing "
+                             f"decoder blocks recipe 'last_blocks' trains), got {k!r}")
+        if given and recipe != "last_blocks":
+            raise ValueError(f"last_blocks (k = {k}) applies to recipe 'last_blocks' only, "
+                             f"not {recipe!r}")
+    elif given and recipe == "last_blocks":
+        raise ValueError("recipe 'last_blocks' needs last_blocks: k, the number of trailing "
+                         "decoder blocks to train (e.g. last_blocks: 3)")
 
 
 def _check_int(cfg: TrainConfig, name: str, minimum: int = 1) -> None:

@@ -9,6 +9,11 @@
 - ``full``: every parameter (the extension's control: the base model trained on the same
   tokens).
 - ``none``: nothing (the model is evaluated and saved unchanged).
+- ``last_blocks``: every parameter of the last k decoder blocks (``last_blocks``), the final
+  norm and the LM head; the rest frozen (the layer-pruning literature's recovery baseline,
+  e.g. ShortGPT + "fine-tune the LM head and the last 3 blocks", Reassessing Layer Pruning
+  in LLMs). Where the LM head's weight is tied to the input embedding (SmolLM2), training
+  the head trains the tied embedding too: logged, and recorded as ``tied_embedding``.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class RecipeReport:
     lora_rank: int | None = None
     lora_alpha: float | None = None
     budget: dict[str, Any] | None = None
+    last_blocks: int | None = None  # recipe last_blocks: k, the trailing blocks trained
+    tied_embedding: bool = False  # recipe last_blocks: the head's tied input embedding trained
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -85,6 +92,7 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
         rank, alpha, budget = _budget_rank(model, plan, plan.lora_budget, lora_blocks, targets)
     injected, skipped = _make_trainable(model, plan, bool(own), lora_blocks, targets, rank,
                                         alpha)
+    tied = plan.recipe == "last_blocks" and _check_last_blocks_set(model, plan)
     if skipped:
         log.info("recipe %s: %d linear(s) share their weight with another module and get "
                  "no mergeable LoRA (e.g. %s)", plan.recipe, len(skipped), skipped[0])
@@ -95,7 +103,8 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
         frozen_parameters=count_parameters(model) - trainable,
         lora_injected=injected, lora_skipped_shared=skipped,
         lora_rank=rank if injected else None, lora_alpha=alpha if injected else None,
-        budget=budget)
+        budget=budget, last_blocks=plan.last_blocks if plan.recipe == "last_blocks" else None,
+        tied_embedding=tied)
     if budget is not None and budget["achieved"] != trainable:
         raise RuntimeError(f"budget arithmetic predicted {budget['achieved']:,} trainable "
                            f"parameters, the model has {trainable:,}")
@@ -158,6 +167,53 @@ def _make_trainable(model: nn.Module, plan: TrainPlan, has_adapters: bool,
         for name, p in model.named_parameters():
             if _leaf(name) in FLEXIGPT_PARAMS:
                 p.requires_grad_(True)
+    elif plan.recipe == "last_blocks":
+        for module in _last_blocks_set(model, plan.last_blocks).values():
+            module.requires_grad_(True)
     elif plan.recipe != "none":
         raise ValueError(f"unknown recipe {plan.recipe!r}")
     return injected, skipped
+
+
+def _last_blocks_set(model: nn.Module, k: int | None) -> dict[str, nn.Module]:
+    """``{dotted name: module}`` trained by recipe ``last_blocks``: the last ``k`` decoder
+    blocks, the final norm and the LM head (reached through the architecture adapter).
+
+    Raises:
+        ValueError: ``k`` is missing, not a positive integer, or not below the model's block
+            count (k ≥ the block count would train every block: that is recipe ``full``).
+    """
+    adapter = get_adapter(model)
+    blocks = adapter.layers(model)
+    n = len(blocks)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"recipe 'last_blocks' needs last_blocks: an integer k >= 1, got {k!r}")
+    if k >= n:
+        raise ValueError(f"recipe 'last_blocks': last_blocks k = {k} must be below the model's "
+                         f"block count ({n} decoder blocks); k >= {n} would train every block "
+                         "(use recipe 'full')")
+    out = {f"{adapter.layers_path}.{i}": blocks[i] for i in range(n - k, n)}
+    out[adapter.final_norm_path] = adapter.final_norm(model)
+    out[adapter.lm_head_path] = adapter.lm_head(model)
+    return out
+
+
+def _check_last_blocks_set(model: nn.Module, plan: TrainPlan) -> bool:
+    """After recipe ``last_blocks``: whether the trainable set reaches the input embedding
+    through a tied LM head (logged). Any other trainable parameter outside the set (a weight
+    the set shares with an earlier block) is logged as a warning."""
+    adapter = get_adapter(model)
+    inside = tuple(f"{name}." for name in _last_blocks_set(model, plan.last_blocks))
+    outside = [n for n, p in model.named_parameters(remove_duplicate=False)
+               if p.requires_grad and not n.startswith(inside)]
+    embed = f"{adapter.embed_path}."
+    tied = [n for n in outside if n.startswith(embed)]
+    if tied:
+        log.info("recipe last_blocks: the LM head's weight is tied to the input embedding "
+                 "(%s): training the head trains the embedding too", tied[0])
+    shared = [n for n in outside if not n.startswith(embed)]
+    if shared:
+        log.warning("recipe last_blocks: %d trainable tensor(s) are shared with modules "
+                    "outside the last %d blocks, final norm and head, and train there too "
+                    "(e.g. %s)", len(shared), plan.last_blocks, shared[0])
+    return bool(tied)
