@@ -108,12 +108,29 @@ def choices(model: torch.nn.Module, calib: torch.Tensor, ratios: list[float]) ->
                "base_map": {s: runs[s]["base_map"] for s in SOLVERS},
                "same_pruned": runs["exact"]["pruned_blocks"] == runs["randomized"]["pruned_blocks"],
                "same_bases": runs["exact"]["base_map"] == runs["randomized"]["base_map"],
-               "max_rel_distance_diff": float(rel),
+               "max_rel_distance_diff": float(rel),  # rechecked entries are exact
+               "rechecked": runs["randomized"].get("svd_rechecked", {}),
                "timings": {s: runs[s]["timings"] for s in SOLVERS}}
         out.append(row)
         print(f"ratio {ratio}: same bases {row['same_bases']}, max rel. distance diff "
-              f"{row['max_rel_distance_diff']:.2e}, timings {row['timings']}", flush=True)
+              f"{row['max_rel_distance_diff']:.2e}, rechecked {row['rechecked']}, timings "
+              f"{row['timings']}", flush=True)
     return out
+
+
+def cpu_name() -> str:
+    """The CPU's model name and whether it has AMX / AVX512-BF16 (the figures depend on it)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+
+        return platform.processor() or "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), "unknown")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
+                      if line.startswith("flags")), []))
+    return f"{name} ({', '.join(f for f in ('amx_bf16', 'avx512_bf16', 'avx2') if f in flags)})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from flexigpt.models.loading import load_model
 
-    figures: dict[str, Any] = {"threads": args.threads, "load_average_start": os.getloadavg(),
+    figures: dict[str, Any] = {"threads": args.threads, "cpu": cpu_name(),
+                               "load_average_start": os.getloadavg(),
                                "args": vars(args), "matrices": [], "choices": []}
     model, tokenizer = load_model(args.model)
     model.eval()

@@ -112,3 +112,33 @@ def test_flexigpt_choices_and_init_do_not_depend_on_the_solver():
     for block, names in exact["svd_init_residual"].items():
         for name, residual in names.items():
             assert approx["svd_init_residual"][block][name] == pytest.approx(residual, abs=0.02)
+
+
+@pytest.mark.parametrize("margin", [0.0, 1e6])
+def test_close_calls_of_a_randomized_truncation_are_rechecked_exactly(margin, monkeypatch):
+    """Random weights: every candidate is about equally far, so a randomized truncation may
+    order them differently. With the margin wide enough to recheck every candidate, the
+    choice and the distances are exactly the exact solver's; with no margin nothing is
+    rechecked (no exact ties between approximate distances)."""
+    from flexigpt.methods import base_selection
+    from flexigpt.models.adapters import get_adapter
+
+    model = make_model(layers=6, kv_heads=2)
+    adapter = get_adapter(model)
+    blocks = adapter.layers(model)
+    ranks = {name: 4 for name in adapter.linear_names()}
+    pruned = [1, 3, 4]
+    exact = base_selection.select_bases(blocks, adapter, pruned, ranks, solver="exact",
+                                        progress=False)
+    assert exact.rechecked == {} and "recheck" not in exact.timings
+    monkeypatch.setattr(base_selection, "RECHECK_MARGIN", margin)
+    approx = base_selection.select_bases(blocks, adapter, pruned, ranks, solver="randomized",
+                                         progress=False)
+    if margin == 0.0:
+        assert approx.rechecked == {}
+        return
+    assert approx.rechecked == {i: [0, 2, 5] for i in pruned}
+    assert approx.base_map == exact.base_map
+    for i in pruned:  # the rechecked distances are the exact solver's to fp rounding
+        torch.testing.assert_close(approx.distances[i], exact.distances[i], equal_nan=True,
+                                   rtol=1e-6, atol=1e-9)

@@ -192,6 +192,8 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
             "timings": {key: round(v, 3) for key, v in timings.items()},
             "recovery": RecoveryRecipe("flexigpt",
                                        trainable_params=adapter_trainable(model)).to_dict()}
+    if selection.rechecked:  # close calls of a randomized truncation, compared exactly
+        info["svd_rechecked"] = {str(i): js for i, js in selection.rechecked.items()}
     return CompressionResult(model=model, structure=structure, info=info)
 
 
