@@ -58,14 +58,19 @@ class Priorities:
             a source (a resource, a config file): it costs nothing.
         targets: the paths the DAG builds (e.g. the tables directory).
         cost: estimated seconds per job kind (default :data:`COST`; unknown kinds: 0).
+        scale: ``(rule, wildcards) → factor`` on a job's kind cost (e.g. a train job's
+            tokens over the config's default: a budget ladder's 1M-token run is 32× the
+            32K one, and the longest chain must start first); None: 1 for every job.
     """
 
     def __init__(self, rules: Mapping[str, RuleSpec], targets: Iterable[str],
-                 cost: Mapping[str, float] | None = None) -> None:
+                 cost: Mapping[str, float] | None = None,
+                 scale: Callable[[str, dict[str, str]], float] | None = None) -> None:
         self.rules = {name: (pattern, _regex(pattern), fn)
                       for name, (pattern, fn) in rules.items()}
         self.targets = list(targets)
         self.cost = dict(COST if cost is None else cost)
+        self.scale = scale
 
     def producer(self, path: str) -> tuple[str, dict[str, str]] | None:
         """``(rule, wildcards)`` of the job that writes ``path``, or None for a source."""
@@ -111,6 +116,8 @@ class Priorities:
                 assert job is not None  # the graph holds only paths some rule writes
                 rule, wildcards = job
                 own = self.cost.get(self._kind(rule, wildcards), 0.0)
+                if self.scale is not None:
+                    own *= self.scale(rule, wildcards)
                 memo[path] = own + max((longest(d) for d in dependents[path]), default=0.0)
             return memo[path]
 

@@ -9,7 +9,7 @@ import pytest
 from flexigpt.schedule import Priorities
 
 
-def _toy() -> Priorities:
+def _toy(scale=None) -> Priorities:
     """compress a → train a → train kd (reuses a's LRs) → evaluate; compress b → evaluate;
     both evaluations → tables. Costs: compress 1, train 10, evaluate 2, tables 1."""
     def train_inputs(wc):
@@ -27,7 +27,7 @@ def _toy() -> Priorities:
         "tables": ("r/tables", lambda wc: [["r/kd/eval_final.json", "r/b/eval_final.json"]]),
     }
     cost = {"compress": 1, "train": 10, "evaluate_final": 2, "tables": 1}
-    return Priorities(rules, ["r/tables"], cost)
+    return Priorities(rules, ["r/tables"], cost, scale)
 
 
 def test_priority_is_the_longest_remaining_chain():
@@ -56,3 +56,11 @@ def test_input_values_of_every_shape(value, expected):
     from flexigpt.schedule import _paths
 
     assert _paths(value) == expected
+
+
+def test_a_longer_training_outranks_a_default_one():
+    """A train job's cost scales with its tokens (a budget ladder's 1M-token run first)."""
+    p = _toy(scale=lambda rule, wc: 5.0 if (rule, wc.get("run")) == ("train", "a") else 1.0)
+    remaining = p.remaining
+    assert remaining["r/a/trained"] == 50 + 13 and remaining["r/kd/trained"] == 13
+    assert remaining["r/a/compressed"] == 64

@@ -193,6 +193,14 @@ class RunGrid:
                 trials = [{**t, name: float(v)} for t in trials for v in grid[name]]
         return trials
 
+    def train_cost_factor(self, run: Run) -> float:
+        """A train job's estimated cost relative to one trial at ``training.tokens``: its
+        tokens over the default, the losing trials of a sweep counted to the rung (the job
+        priorities of :mod:`flexigpt.schedule`)."""
+        tokens = float(run.tokens or self.training["tokens"])
+        trials = len(self.trials(run))
+        return tokens / float(self.training["tokens"]) * (1 + (trials - 1) * self.tuning_rung)
+
     def trial_ids(self, run: Run) -> list[str]:
         return [f"t{i}" for i in range(len(self.trials(run)))]
 

@@ -159,4 +159,8 @@ PRIORITY = Priorities(
      "inference_cost": ("results/{model}/inference.json", inference_inputs),
      "tables": (TABLES_DIR, lambda wildcards: [GRID.eval_targets(), GRID.inference_targets(),
                                                figure_dirs()])},
-    targets=[TABLES_DIR])
+    targets=[TABLES_DIR],
+    # a train job costs in proportion to its tokens and sweep (a budget ladder's 1M run first)
+    scale=lambda rule, wc: (GRID.train_cost_factor(GRID.run(wc["model"], wc["method"],
+                                                            wc["variant"], wc["setting"]))
+                            if rule == "train" else 1.0))
