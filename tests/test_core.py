@@ -94,7 +94,8 @@ def test_registry_owns_the_method_facts():
     assert all(set(f.families) == {"llama", "opt"} for f in METHODS.values())
     from flexigpt.registry import methods_with
 
-    assert methods_with("timed") == ("dense", "shortgpt", "flexigpt", "flexigpt_extend")
+    assert methods_with("timed") == ("dense", "shortgpt", "replaceme", "streamline", "flexigpt",
+                                     "flexigpt_extend")
 
 
 def test_count_parameters_dedups_tied():
