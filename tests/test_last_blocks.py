@@ -109,3 +109,16 @@ def test_training_moves_only_the_trainable_set(tiny_checkpoint, text_file, tmp_p
                "model.embed_tokens.")
     assert all(k.startswith(allowed) for k in changed), sorted(changed)
     assert any(k.startswith("model.layers.3.") for k in changed)
+
+
+def test_schema_lists_every_recipe_and_grid_key():
+    """The config schema's recipe enum and tuning-grid keys are the trainer's and the DAG's
+    (they are written out in YAML, so a test keeps them from drifting)."""
+    from flexigpt.dag import GRID_KEYS
+    from flexigpt.training.config import RECIPES
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    recipe = schema["$defs"]["train_overrides"]["properties"]["recipe"]
+    assert recipe["enum"] == list(RECIPES)
+    grid = schema["properties"]["tuning"]["properties"]["grid"]["properties"]
+    assert set(grid) == set(GRID_KEYS)

@@ -33,7 +33,7 @@ from flexigpt.methods.lora import (
 from flexigpt.methods.sharing import ADAPTER_PARAMS, adapter_trainable
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
-from flexigpt.training.config import TrainPlan
+from flexigpt.training.config import TrainPlan, check_last_blocks
 
 log = logging.getLogger(__name__)
 
@@ -183,11 +183,11 @@ def _last_blocks_set(model: nn.Module, k: int | None) -> dict[str, nn.Module]:
         ValueError: ``k`` is missing, not a positive integer, or not below the model's block
             count (k ≥ the block count would train every block: that is recipe ``full``).
     """
+    check_last_blocks("last_blocks", k, given=True)  # k: an integer >= 1
+    assert isinstance(k, int)
     adapter = get_adapter(model)
     blocks = adapter.layers(model)
     n = len(blocks)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"recipe 'last_blocks' needs last_blocks: an integer k >= 1, got {k!r}")
     if k >= n:
         raise ValueError(f"recipe 'last_blocks': last_blocks k = {k} must be below the model's "
                          f"block count ({n} decoder blocks); k >= {n} would train every block "
