@@ -23,6 +23,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import resource
 import subprocess
 import sys
@@ -38,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from flexigpt.generation.measure import PeakRSS  # noqa: E402
 from flexigpt.params import count_parameters  # noqa: E402
+from flexigpt.provenance import cpu_name  # noqa: E402
 
 log = logging.getLogger("bench_slicegpt")
 
@@ -53,11 +55,12 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     from flexigpt.calibration import token_windows
     from flexigpt.models.loading import load_model
 
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, mapped=False)  # as flexigpt.api.compress loads it
     weights_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     windows = token_windows(args.calibration, tok, args.seq_len, args.n[0], seed=args.seed)
     gc.collect()
-    cfg = METHOD.make_config(ratio=args.ratio, head=args.head, batch_size=args.batch_size)
+    cfg = METHOD.make_config(ratio=args.ratio, head=args.head, batch_size=args.batch_size,
+                             activations=args.activations)
     start, cpu = time.perf_counter(), time.process_time()
     with torch.no_grad(), PeakRSS(interval=0.02) as rss:
         result = METHOD.compress(model, tok, windows, cfg)
@@ -66,6 +69,8 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     hf_config: Any = model.config  # its HF config; nn.Module types attributes as Tensor | Module
     buffer_mib = windows.numel() * hf_config.hidden_size * 4 / 2**20
     return {"n_calibration": args.n[0], "seq_len": args.seq_len, "threads": args.threads,
+            "cpu": cpu_name(), "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "activations": cfg.activations,
             "slice_seconds": round(seconds, 1), "slice_cpu_seconds": round(cpu, 1),
             "rss_before_slicing_mib": round(before, 1),
             "peak_rss_during_slicing_mib": round(peak, 1),
@@ -74,8 +79,8 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
             "model_fp32_mib": round(weights_mib, 1), "activation_buffer_mib": round(buffer_mib, 1),
             # the official loop holds layer inputs, MLP-norm inputs and outputs at once (§2.6)
             "official_activation_estimate_mib": round(3 * buffer_mib, 1),
-            "peak_over_model": round(rss.peak / weights_mib, 2),
-            "increase_over_model": round((rss.peak - before) / weights_mib, 2),
+            "peak_over_model": round(peak / weights_mib, 2),
+            "increase_over_model": round((peak - before) / weights_mib, 2),
             "achieved_ratio": result.info["achieved_ratio"], "width": result.info["width"],
             "head": result.info["head"]}
 
@@ -86,7 +91,7 @@ def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
         cmd = [sys.executable, __file__, "one", "--n", str(n), "--seq-len", str(args.seq_len),
                "--model", args.model, "--calibration", args.calibration, "--ratio", str(args.ratio),
                "--head", args.head, "--threads", str(args.threads),
-               "--batch-size", str(args.batch_size)]
+               "--batch-size", str(args.batch_size), "--activations", args.activations]
         log.info("running %s", " ".join(cmd))
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
         if proc.returncode:  # the child's traceback went to our stderr
@@ -185,6 +190,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratios", nargs="+", type=float, default=[0.3, 0.4])
     p.add_argument("--head", default="auto")
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--activations", default="disk", choices=["disk", "memory"],
+                   help="memory mode: where the calibration activations live while slicing")
     p.add_argument("--ppl-windows", type=int, default=64)
     p.add_argument("--ppl-seq-len", type=int, default=512)
     p.add_argument("--rft-tokens", type=int, default=0)

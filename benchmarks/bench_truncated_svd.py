@@ -39,6 +39,7 @@ from flexigpt.methods.base_selection import truncations  # noqa: E402
 from flexigpt.methods.surgery import default_rank  # noqa: E402
 from flexigpt.methods.truncated_svd import top_svd  # noqa: E402
 from flexigpt.models.adapters import get_adapter  # noqa: E402
+from flexigpt.provenance import cpu_name  # noqa: E402
 
 SOLVERS = ("exact", "randomized")
 
@@ -116,21 +117,6 @@ def choices(model: torch.nn.Module, calib: torch.Tensor, ratios: list[float]) ->
               f"{row['max_rel_distance_diff']:.2e}, rechecked {row['rechecked']}, timings "
               f"{row['timings']}", flush=True)
     return out
-
-
-def cpu_name() -> str:
-    """The CPU's model name and whether it has AMX / AVX512-BF16 (the figures depend on it)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        import platform
-
-        return platform.processor() or "unknown"
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                 if line.startswith("model name")), "unknown")
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
-                      if line.startswith("flags")), []))
-    return f"{name} ({', '.join(f for f in ('amx_bf16', 'avx512_bf16', 'avx2') if f in flags)})"
 
 
 def main(argv: list[str] | None = None) -> int:

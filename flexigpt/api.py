@@ -65,7 +65,8 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
     spec, cfg = _checked_request(method, options, calibration, n_calibration,
                                  calibration_seq_len, out_dir, force)
     setup_run(seed)
-    model, tokenizer = load_model(model_spec, dtype=dtype, device=device)
+    # weights in process memory: every method replaces some, which then frees them
+    model, tokenizer = load_model(model_spec, dtype=dtype, device=device, mapped=False)
     _check_loaded(method, spec, model, cfg, accept_ratio_miss, calibration_seq_len)
     dense_params = count_parameters(model)
     calib = (token_windows(calibration, tokenizer, calibration_seq_len, n_calibration, seed)

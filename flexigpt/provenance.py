@@ -51,6 +51,19 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def cpu_name() -> str:
+    """The CPU's model name and whether it has AMX / AVX512-BF16 (the figures depend on it)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), "unknown")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
+                      if line.startswith("flags")), []))
+    return f"{name} ({', '.join(f for f in ('amx_bf16', 'avx512_bf16', 'avx2') if f in flags)})"
+
+
 def provenance() -> dict[str, object]:
     """Everything that identifies the code that produced an artefact."""
     return {"versions": package_versions(), "code_version": code_version(),

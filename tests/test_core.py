@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -52,6 +54,41 @@ def test_load_model_roundtrip_and_errors(tiny_checkpoint, tmp_path):
     assert tok.pad_token is not None
     with pytest.raises(ModelLoadError, match="not a checkpoint directory"):
         load_model(tmp_path / "nope")
+
+
+def _mapped_files() -> set[str]:
+    with open("/proc/self/maps") as maps:
+        return {line.split()[-1] for line in maps if line.rstrip().endswith(".safetensors")}
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc (Linux)")
+def test_load_model_unmapped_reads_weights_into_memory(tiny_checkpoint):
+    """``mapped=False``: the same weights (tied head still tied), none of them memory-mapped
+    from the checkpoint any more, so a replaced weight is freed at once."""
+    import gc
+
+    mapped, _ = load_model(tiny_checkpoint)
+    owned, _ = load_model(tiny_checkpoint, mapped=False)
+    assert mapped.state_dict().keys() == owned.state_dict().keys()
+    assert all(torch.equal(v, owned.state_dict()[k]) for k, v in mapped.state_dict().items())
+    assert owned.lm_head.weight is owned.model.embed_tokens.weight
+    weights = str(tiny_checkpoint / "model.safetensors")
+    assert weights in _mapped_files()  # transformers' default maps the file
+    del mapped
+    gc.collect()
+    assert weights not in _mapped_files()  # the owned model holds no page of it
+    ids = torch.tensor([[0, 10, 20, 30]])
+    assert torch.equal(owned(ids).logits, make_model()(ids).logits)
+
+
+def test_release_freed_memory_trims_the_c_heap():
+    """glibc's malloc_trim is found and called where the C library has it (Linux, glibc)."""
+    import platform
+
+    from flexigpt.memory import release_freed_memory
+
+    has_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert release_freed_memory() is has_glibc
 
 
 def test_load_model_unknown_hub_id(monkeypatch):

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from baselines.slicegpt.accounting import Plan, predict_parameters
+from baselines.slicegpt.activations import STORES, open_store
 from baselines.slicegpt.config import SliceGPTConfig
 from baselines.slicegpt.fusion import fuse_model, is_tied
 from baselines.slicegpt.method import METHOD, compress
@@ -301,7 +302,8 @@ def test_random_orientation_and_registry():
     ({"lora_rank": 2.5}, "lora_rank"), ({"seed": "0"}, "seed"), ({"damping": 1.0}, "damping"),
     ({"damping": True}, "damping"), ({"tolerance": True}, "tolerance"),
     ({"lora_lr": float("nan")}, "lora_lr"), ({"lora_alpha": float("inf")}, "lora_alpha"),
-    ({"lora_dropout": 1.0}, "lora_dropout"), ({"lora_dropout": False}, "lora_dropout")])
+    ({"lora_dropout": 1.0}, "lora_dropout"), ({"lora_dropout": False}, "lora_dropout"),
+    ({"activations": "gpu"}, "activations")])
 def test_config_errors(options, match):
     with pytest.raises(ValueError, match=match):
         SliceGPTConfig(**options)
@@ -322,3 +324,74 @@ def test_input_errors():
         compress(make_model(), None, _ids(), SliceGPTConfig(ratio=0.33, tolerance=0.001))
     with pytest.raises(ValueError, match="mask shape"):
         compress(make_model(), None, _ids(), SliceGPTConfig(), mask=torch.ones(2, 2))
+
+
+@pytest.mark.parametrize("family,tied,head", [("llama", True, "sliced"), ("llama", False, "unsliced"),
+                                              ("opt", False, "unsliced")])
+def test_activations_on_disk_and_in_memory_give_identical_weights(family, tied, head):
+    """The store only moves memory: every sliced weight is bit-identical either way
+    (uneven last batch, a padding mask)."""
+    ids = _ids(n=7)
+    mask = torch.ones_like(ids)
+    mask[2, 18:] = 0
+    out = {}
+    for where in STORES:
+        torch.manual_seed(0)
+        model = make_model(family=family, tied=tied)
+        cfg = SliceGPTConfig(ratio=0.3, round_to=1, batch_size=3, head=head, activations=where)
+        out[where] = compress(model, None, ids, cfg, mask=mask).model.state_dict()
+    assert out["disk"].keys() == out["memory"].keys()
+    assert all(torch.equal(out["disk"][k], out["memory"][k]) for k in out["disk"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_stores_round_trip(tmp_path, dtype):
+    shape = (5, 3, 4)
+    stores = [open_store("memory", shape, dtype), open_store("disk", shape, dtype, str(tmp_path))]
+    values = torch.randn(shape).to(dtype)
+    for store in stores:
+        store.write(slice(0, 2), values[:2])
+        store.write(slice(2, 5), values[2:].double())  # cast to the store's dtype
+        batch = store.read(slice(1, 4))
+        assert batch.dtype == dtype and torch.equal(batch, values[1:4])
+        batch[:, :, :2] = 0  # a batch modified in place and written back
+        store.write(slice(1, 4), batch)
+        assert torch.equal(store.read(slice(1, 4))[:, :, :2], torch.zeros(3, 3, 2, dtype=dtype))
+        assert torch.equal(store.read(slice(4, 5)), values[4:])  # other windows untouched
+        store.close()
+    with pytest.raises(ValueError, match="expected"):
+        stores[1].write(slice(0, 2), values[:3])
+    with pytest.raises(ValueError, match="activations must be one of"):
+        open_store("cloud", shape, dtype)
+    assert not list(tmp_path.iterdir())  # the file was never visible (unlinked)
+
+
+def test_disk_store_refuses_a_full_disk(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10, 9, 1))
+    with pytest.raises(ValueError, match="MiB on disk but .* free; set TMPDIR"):
+        open_store("disk", (4, 8, 16), torch.float32, str(tmp_path))
+
+
+@pytest.mark.parametrize("head,where", [("sliced", "disk"), ("unsliced", "disk"),
+                                        ("sliced", "memory")])
+def test_deferred_untie_builds_the_same_head(head, where):
+    """``defer_untie``: the untied head built at the end from the original embedding equals
+    the one copied and folded at fusion, bit for bit, and the model is untied afterwards."""
+    ids = _ids()
+    out = {}
+    for defer in (False, True):
+        model = make_model(tied=True)
+        ad = get_adapter(model)
+        d = model.config.hidden_size
+        fusion = fuse_model(model, ad, untie=True, defer_untie=defer)
+        assert fusion.head_pending == defer and is_tied(model, ad) == defer
+        plan = Plan.constant(24, len(ad.layers(model)), d, head)
+        rotate_and_slice(model, ad, fusion, plan, ids,
+                         SliceGPTConfig(batch_size=3, activations=where))
+        assert not is_tied(model, ad) and model.config.tie_word_embeddings is False
+        out[defer] = model.state_dict()
+    assert all(torch.equal(out[False][k], out[True][k]) for k in out[False])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from baselines.slicegpt.activations import STORES
 from flexigpt.registry import validate_ratio
 
 TARGETS = ("parameters", "slicing_fraction")
@@ -45,6 +46,10 @@ class SliceGPTConfig:
         orientation: ``"pca"`` (paper) or ``"random"`` (official script default: a random
             rotation inside the kept subspace).
         batch_size: calibration windows per forward batch.
+        activations: where the calibration activations ``[N, T, D]`` live while the model
+            is sliced: ``"disk"`` (default; an unlinked temporary file in ``$TMPDIR``, one
+            batch resident at a time) or ``"memory"`` (one host tensor, the whole buffer
+            resident). Results are bit-identical; the store only moves memory.
         seed: seed of the random orientation.
         recovery: the recipe recorded in ``info["recovery"]`` for the shared trainer:
             ``"lora"`` the paper's RFT, ``"none"`` no training (the paper's main results).
@@ -62,6 +67,7 @@ class SliceGPTConfig:
     damping: float = 0.01
     orientation: str = "pca"
     batch_size: int = 8
+    activations: str = "disk"
     seed: int = 0
     recovery: str = "lora"
     lora_rank: int = 32
@@ -72,7 +78,8 @@ class SliceGPTConfig:
     def __post_init__(self) -> None:
         self.ratio = validate_ratio(self.ratio, "ratio")
         for name, allowed in (("target", TARGETS), ("head", HEADS), ("pca_dtype", PCA_DTYPES),
-                              ("orientation", ORIENTATIONS), ("recovery", RECOVERIES)):
+                              ("orientation", ORIENTATIONS), ("recovery", RECOVERIES),
+                              ("activations", STORES)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")

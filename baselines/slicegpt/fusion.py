@@ -42,6 +42,9 @@ class FusionInfo:
     eps: float
     was_tied: bool
     final_alpha: torch.Tensor | None = None
+    #: the head is still tied to the original embedding; ``rotate._finish_head`` builds the
+    #: untied, ``final_alpha``-scaled head from it (``fuse_model(defer_untie=True)``)
+    head_pending: bool = False
 
 
 def norm_kind(norm: nn.Module) -> str:
@@ -73,11 +76,16 @@ def untie_head(model: nn.Module, adapter: ArchAdapter) -> bool:
     head = adapter.lm_head(model)
     head.weight = nn.Parameter(head.weight.detach().clone(),
                                requires_grad=head.weight.requires_grad)
+    mark_untied(model)
+    return True
+
+
+def mark_untied(model: nn.Module) -> None:
+    """Tell transformers the head no longer shares the embedding (config and tie keys)."""
     config: Any = model.config  # an HF config: its fields vary by family
     config.tie_word_embeddings = False
     if hasattr(model, "all_tied_weights_keys"):
         model.all_tied_weights_keys = {}  # type: ignore[assignment]  # torch stub: setattr of tensors/modules
-    return True
 
 
 def _fold_into_inputs(norm: Any, linears: list[nn.Linear], add_bias: bool = False) -> None:
@@ -154,13 +162,17 @@ def _center_outputs(lin: nn.Linear) -> None:
 
 
 @torch.no_grad()
-def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> FusionInfo:
+def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True,
+               defer_untie: bool = False) -> FusionInfo:
     """Untie the head, fold every norm into its readers, replace blocks by :class:`SlicedBlock`.
 
     The model's function is unchanged (up to float rounding); shapes are still dense. With
     ``untie=False`` (a head that will be re-tied) a tied head is left alone and the final
     norm's scale is only recorded in ``final_alpha``: the head is then wrong until
-    ``rotate._finish_head`` re-ties it (no ``[V, D]`` copy is made).
+    ``rotate._finish_head`` re-ties it (no ``[V, D]`` copy is made). With ``defer_untie``
+    (RMSNorm models) a tied head is also left alone (``head_pending``): ``_finish_head``
+    builds the untied head from the original embedding in row chunks, so no ``[V, D]`` copy
+    is held while the blocks are sliced; until then the head lacks the final norm's scale.
     """
     check_residual_stream(model, adapter)
     layers = adapter.layers(model)
@@ -169,7 +181,10 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
     config: Any = model.config  # an HF config: its fields vary by family
     hidden = config.hidden_size
     was_tied = is_tied(model, adapter)
-    keep_tied = was_tied and not untie
+    final: Any = adapter.final_norm(model)  # a LayerNorm or a family's RMSNorm
+    has_shift = getattr(final, "bias", None) is not None
+    pending = was_tied and untie and defer_untie and kind == "rms" and not has_shift
+    keep_tied = was_tied and (not untie or pending)
     if not keep_tied:
         untie_head(model, adapter)
     if kind == "layernorm":  # every writer of block 0's input is centred
@@ -187,14 +202,13 @@ def fuse_model(model: nn.Module, adapter: ArchAdapter, untie: bool = True) -> Fu
                        [getattr(mlp, n) for n in adapter.mlp_out_linears]:
                 _center_outputs(lin)
         layers[i] = sliced_block(adapter, layer, config, eps)
-    final: Any = adapter.final_norm(model)  # a LayerNorm or a family's RMSNorm
-    has_shift = getattr(final, "bias", None) is not None
     alpha = None if has_shift else final.weight.detach().double().clone()
     if not keep_tied:
         _fold_into_inputs(final, [adapter.lm_head(model)], add_bias=True)
     set_module(model, adapter.final_norm_path, RMSN(hidden, eps))
     log.info("fused %s norms of %d blocks (head was tied: %s)", kind, len(layers), was_tied)
-    return FusionInfo(norm=kind, eps=eps, was_tied=was_tied, final_alpha=alpha)
+    return FusionInfo(norm=kind, eps=eps, was_tied=was_tied, final_alpha=alpha,
+                      head_pending=pending)
 
 
 def set_module(root: nn.Module, dotted: str, module: nn.Module) -> None:

@@ -34,6 +34,7 @@ from baselines.slicegpt.fusion import (
 from baselines.slicegpt.modules import RMSN, ProjectedRMSN, resize_linear, set_shortcut
 from baselines.slicegpt.rotate import rotate_and_slice
 from flexigpt.artifacts import empty_model
+from flexigpt.memory import release_freed_memory
 from flexigpt.methods.lora import lora_rank_problem
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import count_parameters
@@ -127,7 +128,8 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
              "official" if head in OFFICIAL_HEADS else "harness variant, not the paper's",
              1 - predicted / dense)
     start = time.perf_counter()
-    fusion = fuse_model(model, adapter, untie=head != "tied")
+    release_freed_memory()  # e.g. what tokenizing the calibration text left in the heap
+    fusion = fuse_model(model, adapter, untie=head != "tied", defer_untie=True)
     diag = rotate_and_slice(model, adapter, fusion, plan, windows, cfg, mask)
     seconds = time.perf_counter() - start
     after = count_parameters(model)

@@ -9,7 +9,7 @@ the two residual adds of a pre-norm decoder layer with a shortcut matrix on the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -135,15 +135,34 @@ def resize_linear(linear: nn.Linear, in_features: int | None = None,
     linear.in_features, linear.out_features = in_f, out_f
 
 
-def matmul_rows(w: torch.Tensor, right: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+class Rows(Protocol):
+    """A ``[V, D]`` matrix read in row slices: a tensor, or rows staged on disk
+    (``activations.StagedRows``)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+
+    def __getitem__(self, rows: slice) -> torch.Tensor: ...
+
+
+def matmul_rows(w: Rows, right: torch.Tensor, chunk: int = 4096,
+                scale: torch.Tensor | None = None) -> torch.Tensor:
     """``w @ right`` computed in float64 over row chunks, returned in ``w``'s dtype.
 
     Keeps the float64 temporaries of a ``[V, D]`` embedding or head to ``chunk`` rows.
+    ``scale [D]``: first ``w ← w · diag(scale)`` rounded to ``w``'s dtype (what
+    :func:`scale_columns_` stores), chunk by chunk, without touching ``w``.
     """
     out = torch.empty(w.shape[0], right.shape[1], dtype=w.dtype, device=w.device)
     right = right.to(device=w.device, dtype=torch.float64)
+    if scale is not None:
+        scale = scale.to(device=w.device, dtype=torch.float64)
     for start in range(0, w.shape[0], chunk):
-        out[start:start + chunk] = (w[start:start + chunk].detach().double() @ right).to(w.dtype)
+        rows = w[start:start + chunk].detach()
+        if scale is not None:
+            rows = (rows.double() * scale).to(w.dtype)
+        out[start:start + chunk] = (rows.double() @ right).to(w.dtype)
     return out
 
 

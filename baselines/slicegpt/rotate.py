@@ -1,9 +1,10 @@
 """The layer-by-layer rotate-and-slice loop (official ``rotate_and_slice_sequential``).
 
-Memory: one activation buffer ``[N, T, D]`` in the model dtype holds the current block's
+Memory: one activation store ``[N, T, D]`` in the model dtype holds the current block's
 inputs (first ``d_in`` features, already rotated and sliced); each block's outputs overwrite
-its inputs batch by batch. PCA only keeps ``D × D`` second moments. The official code keeps
-inputs and outputs (and more) of every calibration sequence at once.
+its inputs batch by batch. By default the store is a temporary file (``activations.py``), so
+only one batch is resident. PCA only keeps ``D × D`` second moments. The official code keeps
+inputs and outputs (and more) of every calibration sequence in memory at once.
 
 Row-vector convention ``y = x Wᵀ`` (HF ``nn.Linear``), ``Q [D, D]`` columns = eigenvectors,
 ``Q_d = Q[:, :d]``: readers ``W ← W Q_d``, writers ``W ← Q_dᵀ W``, embeddings ``E ← E Q_d``
@@ -21,8 +22,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from baselines.slicegpt.accounting import Plan
+from baselines.slicegpt.activations import ActivationStore, StagedRows, open_store, stage_rows
 from baselines.slicegpt.config import SliceGPTConfig
-from baselines.slicegpt.fusion import FusionInfo, set_module, stream_writers
+from baselines.slicegpt.fusion import FusionInfo, mark_untied, set_module, stream_writers
 from baselines.slicegpt.modules import (
     ProjectedRMSN,
     SlicedBlock,
@@ -32,6 +34,7 @@ from baselines.slicegpt.modules import (
 )
 from baselines.slicegpt.pca import SecondMoment, kept_energy, random_orientation
 from flexigpt.devices import model_device
+from flexigpt.memory import release_freed_memory
 from flexigpt.models.adapters import ArchAdapter
 
 log = logging.getLogger(__name__)
@@ -43,8 +46,8 @@ class _Captured(Exception):
 
 def capture_inputs(model: nn.Module, adapter: ArchAdapter, windows: torch.Tensor,
                    batch_size: int, mask: torch.Tensor | None,
-                   buffer: torch.Tensor) -> list[dict[str, Any]]:
-    """Write the block-0 inputs ``[N, T, D]`` into ``buffer``; return each batch's layer kwargs.
+                   store: ActivationStore) -> list[dict[str, Any]]:
+    """Write the block-0 inputs ``[N, T, D]`` into ``store``; return each batch's layer kwargs.
 
     Without a padding mask, the kwargs (causal mask, rotary tables) depend only on the batch
     shape and are shared between batches of equal size.
@@ -68,7 +71,7 @@ def capture_inputs(model: nn.Module, adapter: ArchAdapter, windows: torch.Tensor
                 model(input_ids=ids, attention_mask=am, use_cache=False)
             except _Captured:
                 pass
-            buffer[start:start + ids.shape[0]] = slot["x"].to(buffer.device)
+            store.write(slice(start, start + ids.shape[0]), slot["x"])
             if mask is not None:  # per-batch masks: keep every batch's own kwargs
                 out.append(slot["kwargs"])
                 continue
@@ -95,29 +98,34 @@ def _writers(parent: nn.Module, names: tuple[str, ...], q: torch.Tensor) -> None
 
 
 class _Slicer:
-    """State of one rotate-and-slice run (CPU buffer, batches, PCA settings, model device)."""
+    """State of one rotate-and-slice run (activation store, batches, PCA settings, device)."""
 
-    def __init__(self, cfg: SliceGPTConfig, buffer: torch.Tensor,
+    def __init__(self, cfg: SliceGPTConfig, store: ActivationStore,
                  batch_kwargs: list[dict[str, Any]], mask: torch.Tensor | None,
                  device: torch.device) -> None:
-        self.cfg, self.buffer, self.kwargs, self.mask = cfg, buffer, batch_kwargs, mask
+        self.cfg, self.store, self.kwargs, self.mask = cfg, store, batch_kwargs, mask
         self.device = device
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.energy: list[float] = []
+        self.staged: list[StagedRows] = []  # dense tables staged on disk, closed at the end
 
     def batches(self):
         """``(slice, layer kwargs, mask)`` per calibration batch."""
         bs = self.cfg.batch_size
-        for i, start in enumerate(range(0, self.buffer.shape[0], bs)):
+        for i, start in enumerate(range(0, self.store.shape[0], bs)):
             sl = slice(start, start + bs)
             yield sl, self.kwargs[i], None if self.mask is None else self.mask[sl]
 
     def read(self, sl: slice, width: int) -> torch.Tensor:
-        """The first ``width`` features of a batch, on the model's device."""
-        return self.buffer[sl, :, :width].to(self.device)
+        """The first ``width`` features of a batch ``[b, T, width]``, on the model's device."""
+        return self.store.read(sl)[:, :, :width].to(self.device)
+
+    def write(self, sl: slice, values: torch.Tensor) -> None:
+        """Replace a batch by full-width ``values [b, T, D]`` (a block's outputs)."""
+        self.store.write(sl, values)
 
     def moment(self) -> SecondMoment:
-        return SecondMoment(self.buffer.shape[-1], self.cfg.pca_dtype, self.device)
+        return SecondMoment(self.store.shape[-1], self.cfg.pca_dtype, self.device)
 
     def basis(self, acc: SecondMoment, width: int) -> torch.Tensor:
         q, vals = acc.basis(self.cfg.damping)
@@ -125,27 +133,47 @@ class _Slicer:
         return random_orientation(q, width, self.gen) if self.cfg.orientation == "random" else q
 
     def rotate_buffer(self, q: torch.Tensor, width: int) -> None:
-        """``buffer[..., :width] ← buffer @ Q_width`` in place, batch by batch (full-D inputs)."""
-        qd = q[:, :width].to(device=self.device, dtype=self.buffer.dtype)
+        """``acts[..., :width] ← acts @ Q_width`` batch by batch (full-D inputs); the features
+        past ``width`` are left as they were and never read again."""
+        qd = q[:, :width].to(device=self.device, dtype=self.store.dtype)
         for sl, _, _ in self.batches():
-            rotated = self.read(sl, self.buffer.shape[-1]) @ qd
-            self.buffer[sl, :, :width] = rotated.to(self.buffer.device)
+            acts = self.store.read(sl)
+            acts[:, :, :width] = (acts.to(self.device) @ qd).to(acts.device)
+            self.store.write(sl, acts)
 
 
 @torch.no_grad()
 def _rotate_embeddings(model: nn.Module, adapter: ArchAdapter, state: _Slicer, plan: Plan,
-                       hidden: int) -> torch.Tensor:
+                       hidden: int, head_pending: bool) -> tuple[torch.Tensor, Any]:
     """PCA of the embedding output; rotate and slice the token (and learned position)
-    tables and the buffer to ``plan.embed``. Returns the embedding basis ``q_embed``."""
+    tables and the buffer to ``plan.embed``.
+
+    Each dense table is first staged where the activations live (``cfg.activations``: on
+    disk its tensor is freed before the sliced one is built). Returns the embedding basis
+    ``q_embed`` and, for a head still tied to the original token table (``head_pending``),
+    that table (or its staged rows) for ``_finish_head``; the head meanwhile points at the
+    sliced table (a placeholder it never computes with).
+    """
     acc = state.moment()
     for sl, _, m in state.batches():
         acc.add(state.read(sl, hidden), m)
     q_embed = state.basis(acc, plan.embed)
-    for embed in stream_writers(model, adapter):
-        embed.weight = nn.Parameter(matmul_rows(embed.weight, q_embed[:, :plan.embed]))
+    tables, head = stream_writers(model, adapter), adapter.lm_head(model)
+    head_source = None
+    for embed in tables:
+        source = stage_rows(state.cfg.activations, embed.weight)
+        if isinstance(source, StagedRows):
+            state.staged.append(source)
+        if head_pending and embed is tables[0]:
+            head_source = source
+            head.weight = nn.Parameter(source[0:1])  # placeholder: the head no longer holds it
+        embed.weight = nn.Parameter(source[0:1])  # a staged table is freed here, before ...
+        embed.weight = nn.Parameter(matmul_rows(source, q_embed[:, :plan.embed]))  # ... this
         embed.embedding_dim = plan.embed
+    if head_pending:
+        head.weight = tables[0].weight
     state.rotate_buffer(q_embed, plan.embed)
-    return q_embed
+    return q_embed, head_source
 
 
 def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, plan: Plan,
@@ -162,15 +190,36 @@ def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo,
     """
     config: Any = model.config  # an HF config: its fields vary by family
     hidden = config.hidden_size
-    ref = next(model.parameters())
+    dtype = next(model.parameters()).dtype  # no reference kept: the tables get freed
     n, t = windows.shape
-    buffer = torch.empty(n, t, hidden, dtype=ref.dtype)  # host memory, whatever the device
-    log.info("calibration buffer %s %s (%.1f MiB)", tuple(buffer.shape), ref.dtype,
-             buffer.numel() * buffer.element_size() / 2**20)
-    kwargs = capture_inputs(model, adapter, windows, cfg.batch_size, mask, buffer)
-    state = _Slicer(cfg, buffer, kwargs, mask, ref.device)
+    # host memory or a temporary file, whatever the device
+    store = open_store(cfg.activations, (n, t, hidden), dtype)
+    try:
+        return _rotate_and_slice(model, adapter, fusion, plan, windows, cfg, mask, store)
+    finally:
+        store.close()
 
-    q_embed = _rotate_embeddings(model, adapter, state, plan, hidden)
+
+def _rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, plan: Plan,
+                      windows: torch.Tensor, cfg: SliceGPTConfig, mask: torch.Tensor | None,
+                      store: ActivationStore) -> dict[str, Any]:
+    config: Any = model.config  # an HF config: its fields vary by family
+    hidden, device = config.hidden_size, next(model.parameters()).device
+    kwargs = capture_inputs(model, adapter, windows, cfg.batch_size, mask, store)
+    state = _Slicer(cfg, store, kwargs, mask, device)
+
+    try:
+        return _slice_blocks(model, adapter, fusion, plan, state, hidden)
+    finally:
+        for staged in state.staged:
+            staged.close()
+
+
+def _slice_blocks(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, plan: Plan,
+                  state: _Slicer, hidden: int) -> dict[str, Any]:
+    q_embed, head_source = _rotate_embeddings(model, adapter, state, plan, hidden,
+                                              fusion.head_pending)
+    release_freed_memory()  # the replaced weights (and the previous block's) leave the heap
     q_prev, d_prev = q_embed, plan.embed
     layers = adapter.layers(model)
     for i, block in enumerate(tqdm(layers, desc="slicegpt", leave=False)):
@@ -193,23 +242,27 @@ def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo,
         for sl, kw, m in state.batches():
             y = block(state.read(sl, d_prev), **kw)  # [b, T, D] in the original basis
             acc.add(y, m)
-            buffer[sl] = y.to(buffer.device)
+            state.write(sl, y)
         d_out = plan.out[i]
         q_next = state.basis(acc, d_out)
         set_shortcut(block, "mlp", q_mid.T @ q_next[:, :d_out])
         _writers(mlp, adapter.mlp_out_linears, q_next[:, :d_out])
         state.rotate_buffer(q_next, d_out)
         q_prev, d_prev = q_next, d_out
+        release_freed_memory()
 
-    _finish_head(model, adapter, fusion, plan, q_prev[:, :d_prev], q_embed[:, :plan.embed])
+    _finish_head(model, adapter, fusion, plan, q_prev[:, :d_prev], q_embed[:, :plan.embed],
+                 head_source)
     return {"kept_energy": state.energy}
 
 
 def _finish_head(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, plan: Plan,
-                 q_last: torch.Tensor, q_embed: torch.Tensor) -> None:
+                 q_last: torch.Tensor, q_embed: torch.Tensor, head_source: Any = None) -> None:
     """Rotate (and slice) the head input, or re-tie the head to the sliced embedding.
 
-    Rotating/slicing the (untied) head input is the official SliceGPT treatment; re-tying
+    Rotating/slicing the (untied) head input is the official SliceGPT treatment (a head still
+    tied to the original embedding, ``fusion.head_pending``, is untied here: its new weight is
+    computed from the embedding and the final norm scale chunk by chunk); re-tying
     (``plan.head == "tied"``) is this harness's variant, not the paper's.
     Re-tying: logits = RMSN(h) diag(α) Eᵀ. With ``h ≈ ĥ Q_Lᵀ`` and ``E ≈ Ê Q₀ᵀ`` (Ê = E Q₀
     sliced) this is ``RMSN(ĥ) M Êᵀ`` with ``M = Q_Lᵀ diag(α) Q₀`` (d_L × d₀) — exact at full
@@ -217,6 +270,10 @@ def _finish_head(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, pla
     writers (RMSN would see a rescaled signal); ``M`` is stored as ``ProjectedRMSN.proj``.
     """
     head, embed = adapter.lm_head(model), adapter.embed(model)
+    if plan.head != "tied" and fusion.head_pending:  # from the original token table, unscaled
+        set_linear(head, matmul_rows(head_source, q_last, scale=fusion.final_alpha))
+        mark_untied(model)
+        return
     if plan.head != "tied":
         set_linear(head, matmul_rows(head.weight, q_last))
         return

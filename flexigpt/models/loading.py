@@ -230,7 +230,8 @@ def _hub_config(spec: str):
 
 
 def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
-               device: str = "cpu", verify: bool = True) -> tuple[nn.Module, object]:
+               device: str = "cpu", verify: bool = True,
+               mapped: bool = True) -> tuple[nn.Module, object]:
     """Load a dense causal LM and its tokenizer.
 
     Args:
@@ -242,6 +243,11 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
         verify: a local directory written by this harness (``.flexigpt-output.json``
             marker: resources, exports) may hold only the files its marker lists, each
             unchanged (sha256).
+        mapped: leave the weights memory-mapped from the checkpoint (transformers' default:
+            pages load as they are touched). ``False`` reads them into process memory
+            (:func:`own_weights`; local CPU checkpoints), for callers that replace weights:
+            a replaced weight of a mapping stays resident until every weight of its file is
+            gone, so compressing a mapped model holds up to two copies of it.
 
     Never runs code the checkpoint brings along (``trust_remote_code=False``; a checkpoint
     that needs it is refused) and loads safetensors weights only.
@@ -279,7 +285,41 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
     tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # @wraps on HF .to: self unbound
+    model = model.to(device)  # type: ignore[arg-type]  # @wraps on HF .to: self unbound
+    if not mapped and (local / "config.json").is_file():
+        own_weights(model, local)
+    return model.eval(), tokenizer
+
+
+def own_weights(model: nn.Module, directory: Path) -> int:
+    """Replace every CPU parameter and buffer that ``directory``'s safetensors files hold (same
+    name, shape and dtype) by a copy read with positioned reads, not through a memory map.
+
+    The values are the same bytes, so every result is unchanged; what changes is memory:
+    the mapped pages are released once no tensor refers to them (the mapping closes with its
+    last tensor), and a weight replaced later is freed at once. Tied parameters are one
+    object and are read once. Returns the number of tensors replaced.
+    """
+    from safetensors import safe_open
+
+    named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=True))
+    named.update(dict(model.named_buffers(remove_duplicate=True)))
+    done = 0
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt", device="cpu", backend="pread") as handle:
+            for key in handle.keys():  # noqa: SIM118  (a safe_open handle is not iterable)
+                target = named.pop(key, None)
+                if target is None or target.device.type != "cpu":
+                    continue
+                shape = handle.get_slice(key).get_shape()
+                if list(target.shape) != list(shape):
+                    continue
+                fresh = handle.get_tensor(key)
+                if fresh.dtype != target.dtype:
+                    continue
+                target.data = fresh
+                done += 1
+    return done
 
 
 def _check_local(directory: Path, verify: bool) -> None:
