@@ -102,12 +102,12 @@ class _Slicer:
 
     def __init__(self, cfg: SliceGPTConfig, store: ActivationStore,
                  batch_kwargs: list[dict[str, Any]], mask: torch.Tensor | None,
-                 device: torch.device) -> None:
+                 device: torch.device, staged: list[StagedRows]) -> None:
         self.cfg, self.store, self.kwargs, self.mask = cfg, store, batch_kwargs, mask
         self.device = device
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.energy: list[float] = []
-        self.staged: list[StagedRows] = []  # dense tables staged on disk, closed at the end
+        self.staged = staged  # dense tables staged on disk; the caller closes them
 
     def batches(self):
         """``(slice, layer kwargs, mask)`` per calibration batch."""
@@ -166,8 +166,8 @@ def _rotate_embeddings(model: nn.Module, adapter: ArchAdapter, state: _Slicer, p
             state.staged.append(source)
         if head_pending and embed is tables[0]:
             head_source = source
-            head.weight = nn.Parameter(source[0:1])  # placeholder: the head no longer holds it
-        embed.weight = nn.Parameter(source[0:1])  # a staged table is freed here, before ...
+            del head.weight  # the head no longer holds the dense table ...
+        del embed.weight  # ... nor the table itself: a staged one is freed before ...
         embed.weight = nn.Parameter(matmul_rows(source, q_embed[:, :plan.embed]))  # ... this
         embed.embedding_dim = plan.embed
     if head_pending:
@@ -190,29 +190,21 @@ def rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo,
     """
     config: Any = model.config  # an HF config: its fields vary by family
     hidden = config.hidden_size
-    dtype = next(model.parameters()).dtype  # no reference kept: the tables get freed
+    first = next(model.parameters())
+    dtype, device = first.dtype, first.device
+    del first  # no reference kept: the embedding tables get freed
     n, t = windows.shape
     # host memory or a temporary file, whatever the device
     store = open_store(cfg.activations, (n, t, hidden), dtype)
+    staged: list[StagedRows] = []
     try:
-        return _rotate_and_slice(model, adapter, fusion, plan, windows, cfg, mask, store)
-    finally:
-        store.close()
-
-
-def _rotate_and_slice(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, plan: Plan,
-                      windows: torch.Tensor, cfg: SliceGPTConfig, mask: torch.Tensor | None,
-                      store: ActivationStore) -> dict[str, Any]:
-    config: Any = model.config  # an HF config: its fields vary by family
-    hidden, device = config.hidden_size, next(model.parameters()).device
-    kwargs = capture_inputs(model, adapter, windows, cfg.batch_size, mask, store)
-    state = _Slicer(cfg, store, kwargs, mask, device)
-
-    try:
+        kwargs = capture_inputs(model, adapter, windows, cfg.batch_size, mask, store)
+        state = _Slicer(cfg, store, kwargs, mask, device, staged)
         return _slice_blocks(model, adapter, fusion, plan, state, hidden)
     finally:
-        for staged in state.staged:
-            staged.close()
+        store.close()
+        for table in staged:
+            table.close()
 
 
 def _slice_blocks(model: nn.Module, adapter: ArchAdapter, fusion: FusionInfo, plan: Plan,

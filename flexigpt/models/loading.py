@@ -291,6 +291,13 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
     return model.eval(), tokenizer
 
 
+#: safetensors dtype names (``get_slice(key).get_dtype()``) of the dtypes models store
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                       "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+                       "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                       "BOOL": torch.bool}
+
+
 def own_weights(model: nn.Module, directory: Path) -> int:
     """Replace every CPU parameter and buffer that ``directory``'s safetensors files hold (same
     name, shape and dtype) by a copy read with positioned reads, not through a memory map.
@@ -311,13 +318,11 @@ def own_weights(model: nn.Module, directory: Path) -> int:
                 target = named.pop(key, None)
                 if target is None or target.device.type != "cpu":
                     continue
-                shape = handle.get_slice(key).get_shape()
-                if list(target.shape) != list(shape):
-                    continue
-                fresh = handle.get_tensor(key)
-                if fresh.dtype != target.dtype:
-                    continue
-                target.data = fresh
+                stored = handle.get_slice(key)
+                if (list(target.shape) != list(stored.get_shape())
+                        or _SAFETENSORS_DTYPES.get(stored.get_dtype()) != target.dtype):
+                    continue  # converted on loading: not mapped, nothing to read
+                target.data = handle.get_tensor(key)
                 done += 1
     return done
 
