@@ -142,7 +142,8 @@ def flexigpt_stages(model: torch.nn.Module, calib: torch.Tensor, ratio: float, r
         result, fig = measure(lambda: compress(work, None, calib, cfg))
     t = result.info["timings"]
     stages = {name: {"wall_s": t[name]} for name in
-              ("block_influence", "truncation", "distances", "surgery_init")}
+              ("block_influence", "truncation", "distances", "recheck", "surgery_init")
+              if name in t}  # recheck: close calls of a randomized truncation (svd auto)
     stages["flexigpt_total"] = fig
     return result.model, result.info, stages
 
@@ -233,6 +234,7 @@ def measure_size(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     row["stages"].update(stages)
     row["flexigpt"] = {"pruned_blocks": info["pruned_blocks"], "k": info["k"],
                        "base_map": info["base_map"], "svd": args.svd,
+                       "rechecked": info.get("svd_rechecked", {}),
                        "trainable": info["recovery"].get("trainable_params")}
     log.info("%s flexigpt %s", shape, stages)
     row["stages"]["train_step"] = train_step(compressed, info, args.train_seq_len,
@@ -329,7 +331,7 @@ def markdown(fig: dict[str, Any]) -> str:
     stages = [s for s in rows[0]["stages"] if s != "load"]
     head = "| stage | " + " | ".join(f"{r['shape']} ({r['params'] / 1e6:.0f} M) s / MiB"
                                      for r in rows) + " |"
-    lines = [f"Measured on this machine ({fig['threads']} threads, load average "
+    lines = [f"Measured on {fig.get('cpu', 'this machine')} ({fig['threads']} threads, load average "
              f"{fig['load_average_start']} at start, {fig['load_average_end']} at end; fp32 "
              f"matmul peak {fig['cpu_peak_fp32'] / 1e9:.0f} GFLOP/s). Wall seconds / peak RSS "
              "rise (MiB) per stage:", "", head,
@@ -448,8 +450,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench_train import matmul_peak  # benchmarks/ is the script's folder, on sys.path
 
+    from flexigpt.provenance import cpu_name
+
     figures = {
-        "threads": args.threads, "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu": cpu_name(), "threads": args.threads,
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "cpu_peak_fp32": matmul_peak(torch.float32), "gpu_peak": args.gpu_peak,
         "args": vars(args), "paper": PAPER, "sizes": []}
     log.info("fp32 matmul peak %.1f GFLOP/s", figures["cpu_peak_fp32"] / 1e9)
