@@ -4,10 +4,13 @@ Measures, in one run on this machine:
 
 1. the dense matmul peak: FLOP/s of a large ``torch.matmul`` (n × n by n × n, 2n³ FLOP) in
    fp32 and bf16;
-2. tokens/s of the real trainer loop (:func:`flexigpt.training.loop.run_loop`, recipe
-   ``flexigpt``: LoRA + γ of the replacement blocks, base frozen) on SmolLM2-135M compressed
-   by FlexiGPT at ``--ratio``, for each variant (bf16 autocast, micro-batch, compile); the
-   first ``--warmup-steps`` steps are excluded from the timing;
+2. tokens/s of the real trainer loop (:func:`flexigpt.training.loop.run_loop`) for each
+   ``--methods`` entry on SmolLM2-135M compressed at ``--ratio``: ``flexigpt`` (recipe
+   ``flexigpt``: LoRA + γ of the replacement blocks, base frozen) and ``shortgpt`` (ShortGPT +
+   LoRA: recipe ``lora`` at FlexiGPT's trainable count, Table 1's pair), for each variant
+   (bf16 autocast, micro-batch, compile), methods interleaved per variant; the first
+   ``--warmup-steps`` steps are excluded from the timing (``--profile``: the operators'
+   self CPU time per run, for finding where a step goes);
 3. model FLOPs utilisation (MFU) against both peaks.
 
 FLOP model (per training token; M = multiply-accumulates per token of every linear as
@@ -27,11 +30,13 @@ matrices (the LoRA paths)):
 Usage::
 
     python benchmarks/bench_train.py --threads 2 --out results/bench/bench_train.json
+    python benchmarks/bench_train.py --methods flexigpt shortgpt --variants on:8,on:8:compile
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -46,9 +51,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from flexigpt import memory  # noqa: E402
 from flexigpt.artifacts import load_compressed  # noqa: E402
 from flexigpt.calibration import token_windows  # noqa: E402
+from flexigpt.generation.measure import PeakRSS  # noqa: E402
 from flexigpt.methods.lora import is_wrapper  # noqa: E402
+from flexigpt.provenance import cpu_name  # noqa: E402
 from flexigpt.training.config import TrainConfig, resolve_plan  # noqa: E402
 from flexigpt.training.data import WindowStream  # noqa: E402
 from flexigpt.training.loop import run_loop  # noqa: E402
@@ -99,18 +107,26 @@ def macs_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
             "backward_attention": per_block_attn * (len(blocks) - first)}
 
 
-def ensure_compressed(model: str, text: str, ratio: float, out: Path) -> Path:
+#: recovery recipe of each measured method: FlexiGPT's own (LoRA + γ on the replacement
+#: blocks) and ShortGPT + LoRA's (mergeable LoRA on every linear, at FlexiGPT's trainable
+#: count, as Table 1 pairs them)
+RECIPE = {"flexigpt": "flexigpt", "shortgpt": "lora"}
+
+
+def ensure_compressed(method: str, model: str, text: str, ratio: float, out: Path) -> Path:
     if not (out / "manifest.json").is_file():
         from flexigpt.api import compress
 
-        log.info("compressing %s with flexigpt at %.2f -> %s", model, ratio, out)
-        compress("flexigpt", model, out, options={"ratio": ratio}, calibration=text,
+        log.info("compressing %s with %s at %.2f -> %s", model, method, ratio, out)
+        compress(method, model, out, options={"ratio": ratio}, calibration=text,
                  n_calibration=64, calibration_seq_len=256)
     return out
 
 
-def measure(model_dir: Path, text: str, cfg: TrainConfig, steps: int, warmup: int) -> dict:
-    """tokens/s of the trainer loop for ``cfg`` (timed over steps after ``warmup``)."""
+def measure(model_dir: Path, text: str, cfg: TrainConfig, steps: int, warmup: int,
+            profile: Path | None = None) -> dict:
+    """tokens/s of the trainer loop for ``cfg`` (timed over steps after ``warmup``); with
+    ``profile``, the operators' self CPU time over the whole run is written there."""
     loaded = load_compressed(model_dir)
     assert loaded.manifest is not None  # ensure_compressed wrote a harness output
     plan = resolve_plan(cfg, loaded.manifest)
@@ -118,14 +134,42 @@ def measure(model_dir: Path, text: str, cfg: TrainConfig, steps: int, warmup: in
     macs = macs_per_token(loaded.model, cfg.seq_len)
     stream = WindowStream(token_windows(text, loaded.tokenizer, cfg.seq_len), cfg.seed)
     stamps: list[float] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with (tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack,
+          PeakRSS(interval=0.05) as rss):
+        prof = (stack.enter_context(torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True))
+            if profile else None)
         run_loop(loaded.model, stream, None, cfg, plan, Path(tmp) / "ckpt", "bench",
                  on_step=lambda s, loss: stamps.append(time.perf_counter()))
+    if prof is not None and profile is not None:
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30,
+                                          max_name_column_width=60)
+        shapes = prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=40,
+            max_shapes_column_width=80)
+        profile.write_text(f"{table}\n\nBy input shape:\n{shapes}")
     timed = stamps[warmup - 1:] if warmup else stamps
     seconds = timed[-1] - timed[0]
     tokens = (len(timed) - 1) * cfg.global_batch * cfg.seq_len
     return {"tokens_per_second": tokens / seconds, "timed_steps": len(timed) - 1,
+            "step_seconds": [round(b - a, 3) for a, b in zip(stamps, stamps[1:])],
+            "rss_start_mib": round(rss.start / 2**20), "rss_peak_mib": round(rss.peak / 2**20),
             "trainable_parameters": report.trainable_parameters, "macs": macs}
+
+
+def train_flops_per_token(macs: dict[str, int]) -> int:
+    """The FLOP model of the module docstring (frozen base + adapters)."""
+    return (2 * (macs["linear"] + macs["attention"])
+            + 2 * (macs["backward_linear"] + macs["backward_attention"]) + 2 * macs["lora"])
+
+
+def parse_variants(spec: str) -> list[dict[str, Any]]:
+    """``BF16:MICRO_BATCH[:compile]`` items, comma-separated."""
+    variants = []
+    for item in spec.split(","):
+        bf16, micro, *rest = item.split(":")
+        variants.append({"bf16": bf16, "micro_batch": int(micro), "compile": rest == ["compile"]})
+    return variants
 
 
 def main() -> int:
@@ -133,12 +177,23 @@ def main() -> int:
     p.add_argument("--model", default="resources/models/smollm2-135m")
     p.add_argument("--text", default="resources/text/wiki/train.txt")
     p.add_argument("--ratio", type=float, default=0.3)
-    p.add_argument("--compressed", default="results/bench/smollm2-135m-flexigpt-0.3")
+    p.add_argument("--methods", nargs="+", default=["flexigpt"], choices=sorted(RECIPE),
+                   help="recovery recipes measured, interleaved per variant (shortgpt: "
+                        "ShortGPT + LoRA at FlexiGPT's trainable count)")
+    p.add_argument("--compressed", default="results/bench/smollm2-135m-{method}-{ratio}",
+                   help="where each compressed model is kept ({method}, {ratio} filled in)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--variants", default="on:4,on:8,off:4",
                    help="comma-separated BF16:MICRO_BATCH[:compile], BF16 in auto|on|off")
     p.add_argument("--steps", type=int, default=4, help="steps per variant (incl. warm-up)")
     p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--profile", action="store_true",
+                   help="also write <out>.<method>.<variant>.profile.txt: operators by self "
+                        "CPU time over each run (the profiler slows the run; its tokens/s is "
+                        "not comparable)")
+    p.add_argument("--reuse-memory", choices=("on", "off", "both"), default="on",
+                   help="flexigpt.memory.reuse_freed_memory in the loop (the trainer's "
+                        "default: on); both: each run twice, off then on, interleaved")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--out", default="results/bench/bench_train.json")
     args = p.parse_args()
@@ -149,43 +204,58 @@ def main() -> int:
     peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     log.info("matmul peak: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s",
              peak["fp32"] / 1e9, peak["bf16"] / 1e9)
-    model_dir = ensure_compressed(args.model, args.text, args.ratio, Path(args.compressed))
-    variants = []
-    for spec in args.variants.split(","):
-        bf16, micro, *rest = spec.split(":")
-        variants.append({"bf16": bf16, "micro_batch": int(micro), "compile": rest == ["compile"]})
+    methods = sorted(args.methods, key=lambda m: m != "flexigpt")  # FlexiGPT sets the budget
+    dirs = {m: ensure_compressed(m, args.model, args.text, args.ratio,
+                                 Path(args.compressed.format(method=m, ratio=args.ratio)))
+            for m in methods}
+    budget: int | None = None  # FlexiGPT's trainable count, which ShortGPT + LoRA matches
     results: list[dict] = []
     out = write(args, peak, results)
-    for v in variants:
-        cfg = TrainConfig(tokens=args.steps * v["micro_batch"] * args.seq_len,
-                          seq_len=args.seq_len, micro_batch=v["micro_batch"],
-                          global_batch=v["micro_batch"], bf16=v["bf16"], warmup=0,
-                          checkpoint_every=0, recipe="flexigpt", compile=v["compile"])
-        try:
-            r = measure(model_dir, args.text, cfg, args.steps, args.warmup_steps)
-        except Exception as err:  # a variant that cannot run (e.g. compile) is reported
-            log.warning("variant %s failed: %s", v, err)
-            results.append({**v, "error": f"{type(err).__name__}: {err}"})
-            out = write(args, peak, results)
-            continue
-        m = r["macs"]
-        flops_token = (2 * (m["linear"] + m["attention"])
-                       + 2 * (m["backward_linear"] + m["backward_attention"]) + 2 * m["lora"])
-        achieved = flops_token * r["tokens_per_second"]
-        row = {**v, **r, "train_flops_per_token": flops_token, "achieved_flops": achieved,
-               "mfu_vs_fp32_peak": achieved / peak["fp32"],
-               "mfu_vs_bf16_peak": achieved / peak["bf16"]}
-        log.info("%s: %.0f tok/s, %.1f GFLOP/s (%.1f%% of fp32 peak, %.1f%% of bf16 peak)",
-                 v, r["tokens_per_second"], achieved / 1e9, 100 * row["mfu_vs_fp32_peak"],
-                 100 * row["mfu_vs_bf16_peak"])
-        results.append(row)
-        out = write(args, peak, results)  # after every variant, so partial runs keep results
+    reuse = {"on": [True], "off": [False], "both": [False, True]}[args.reuse_memory]
+    for v in parse_variants(args.variants):
+        for method in methods:
+            for flag in reuse:
+                memory.REUSE = flag
+                row = {**run_variant(args, v, method, dirs[method], budget, peak),
+                       "reuse_memory": flag}
+                results.append(row)
+                if method == "flexigpt" and "trainable_parameters" in row:
+                    budget = row["trainable_parameters"]
+                out = write(args, peak, results)  # after every run: partial runs keep results
     print(json.dumps(out, indent=1))
     return 0
 
 
+def run_variant(args: argparse.Namespace, v: dict[str, Any], method: str, model_dir: Path,
+                budget: int | None, peak: dict[str, float]) -> dict[str, Any]:
+    """One measured run: the JSON row (an ``error`` row where the variant cannot run)."""
+    cfg = TrainConfig(tokens=args.steps * v["micro_batch"] * args.seq_len,
+                      seq_len=args.seq_len, micro_batch=v["micro_batch"],
+                      global_batch=v["micro_batch"], bf16=v["bf16"], warmup=0,
+                      checkpoint_every=0, recipe=RECIPE[method], compile=v["compile"],
+                      lora_budget=budget if method != "flexigpt" else None)
+    tag = (f"{method}.{v['bf16']}{v['micro_batch']}{'c' if v['compile'] else ''}"
+           f"{'' if memory.REUSE else '.noreuse'}")
+    profile = Path(f"{args.out}.{tag}.profile.txt") if args.profile else None
+    head = {"method": method, "recipe": RECIPE[method], **v}
+    try:
+        r = measure(model_dir, args.text, cfg, args.steps, args.warmup_steps, profile)
+    except Exception as err:  # a variant that cannot run (e.g. compile) is reported
+        log.warning("%s failed: %s", tag, err)
+        return {**head, "error": f"{type(err).__name__}: {err}"}
+    flops_token = train_flops_per_token(r["macs"])
+    achieved = flops_token * r["tokens_per_second"]
+    row = {**head, **r, "train_flops_per_token": flops_token, "achieved_flops": achieved,
+           "mfu_vs_fp32_peak": achieved / peak["fp32"],
+           "mfu_vs_bf16_peak": achieved / peak["bf16"]}
+    log.info("%s: %.0f tok/s, %.1f GFLOP/s (%.1f%% of fp32 peak, %.1f%% of bf16 peak)",
+             tag, r["tokens_per_second"], achieved / 1e9, 100 * row["mfu_vs_fp32_peak"],
+             100 * row["mfu_vs_bf16_peak"])
+    return row
+
+
 def write(args: argparse.Namespace, peak: dict, results: list) -> dict:
-    out = {"threads": args.threads, "load_average": os.getloadavg(), "seq_len": args.seq_len,
+    out = {"cpu": cpu_name(), "threads": args.threads, "load_average": os.getloadavg(), "seq_len": args.seq_len,
            "peak_flops": peak, "formula": "frozen base + adapters: 2*(M+A) + 2*(M_b+A_b) + 2*M_lora "
            "FLOP/token (M linear MACs/token, A attention MACs/token, _b: from the first "
            "trainable block on)", "variants": results}

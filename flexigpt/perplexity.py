@@ -21,6 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from flexigpt.devices import model_device
+from flexigpt.memory import reuse_freed_memory
 
 
 def window_nll(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
@@ -77,16 +78,17 @@ def window_nlls(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
     was_training = model.training
     model.eval()
     try:
-        for start in tqdm(range(0, windows.shape[0], batch_size), desc="perplexity",
-                          disable=not progress):
-            ids = windows[start:start + batch_size].to(device)
-            logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-            flat, target = logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
-            tok = nn.functional.cross_entropy(flat, target, reduction="none")
-            total += float(tok.sum())
-            count += ids[:, 1:].numel()
-            per_nll.extend(tok.view(ids.shape[0], -1).double().sum(dim=1).tolist())
-            per_tok.extend([ids.shape[1] - 1] * ids.shape[0])
+        with reuse_freed_memory():  # each batch's logits reuse the last batch's pages
+            for start in tqdm(range(0, windows.shape[0], batch_size), desc="perplexity",
+                              disable=not progress):
+                ids = windows[start:start + batch_size].to(device)
+                logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+                flat, target = logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+                tok = nn.functional.cross_entropy(flat, target, reduction="none")
+                total += float(tok.sum())
+                count += ids[:, 1:].numel()
+                per_nll.extend(tok.view(ids.shape[0], -1).double().sum(dim=1).tolist())
+                per_tok.extend([ids.shape[1] - 1] * ids.shape[0])
     finally:
         model.train(was_training)
     return WindowNLL(per_nll, per_tok, total, count)

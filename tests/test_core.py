@@ -91,6 +91,45 @@ def test_release_freed_memory_trims_the_c_heap():
     assert release_freed_memory() is has_glibc
 
 
+def test_reuse_freed_memory_nests_and_restores(monkeypatch):
+    """The heap is kept for the outermost block only, glibc's defaults come back on leaving
+    it (even by an exception), and the switch turns it off."""
+    import platform
+
+    from flexigpt import memory
+
+    calls: list[tuple] = []
+
+    class FakeLibc:
+        def mallopt(self, param, value):
+            calls.append(("mallopt", param, value))
+            return 1
+
+        def malloc_trim(self, pad):
+            calls.append(("trim", pad))
+            return 1
+
+    has_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    with memory.reuse_freed_memory() as active:
+        assert active is has_glibc
+    monkeypatch.setattr(memory, "_libc", lambda: FakeLibc())
+    with pytest.raises(RuntimeError), memory.reuse_freed_memory() as active:
+        assert active
+        with memory.reuse_freed_memory():
+            pass
+        assert calls == [("mallopt", memory._M_MMAP_MAX, 0),
+                         ("mallopt", memory._M_TRIM_THRESHOLD, memory._NEVER_TRIM)]
+        raise RuntimeError
+    assert calls[2:] == [("mallopt", memory._M_MMAP_MAX, memory._DEFAULT_MMAP_MAX),
+                         ("mallopt", memory._M_TRIM_THRESHOLD, memory._DEFAULT_TRIM_THRESHOLD),
+                         ("trim", 0)]
+    assert memory._depth == 0
+    monkeypatch.setattr(memory, "REUSE", False)
+    with memory.reuse_freed_memory() as active:
+        assert active is False
+    assert len(calls) == 5
+
+
 def test_load_model_unknown_hub_id(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelLoadError, match="cannot resolve model"):

@@ -368,9 +368,9 @@ def test_score_rows_equals_log_softmax_and_argmax(chunk_rows, tile_rows):
 
 
 def test_keep_heap_for_reuse_is_idempotent():
-    from flexigpt.evaluation.fast import cpu_malloc
+    from flexigpt import memory
 
-    first = cpu_malloc.keep_heap_for_reuse()
-    assert cpu_malloc.keep_heap_for_reuse() is first
+    first = memory.keep_heap_for_reuse()
+    assert memory.keep_heap_for_reuse() is first
     if sys.platform.startswith("linux"):
         assert first  # glibc: every mallopt call accepted

@@ -169,6 +169,25 @@ def test_resume_is_exact(tiny_checkpoint, text_file, tmp_path):
     assert not checkpoint_dir(out).exists()
 
 
+def test_kept_heap_changes_no_value(flexigpt_dir, text_file, tmp_path, monkeypatch):
+    """flexigpt.memory.reuse_freed_memory (the loop's default) changes where memory comes
+    from, never a loss or a weight: training with it and without is bit-identical."""
+    from flexigpt import memory
+
+    cfg = small(bf16="auto", eval_windows=2)
+    runs = {}
+    for reuse in (True, False):
+        monkeypatch.setattr(memory, "REUSE", reuse)
+        losses: dict[int, float] = {}
+        out = tmp_path / f"reuse_{reuse}"
+        train_model(flexigpt_dir, out, cfg, text_file, text_file,
+                    on_step=lambda s, loss, d=losses: d.__setitem__(s, loss))
+        runs[reuse] = losses, load_compressed(out).model.state_dict()
+    (la, a), (lb, b) = runs[True], runs[False]
+    assert la == lb and len(la) == 6
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_nan_loss_names_step_and_keeps_checkpoint(tiny_checkpoint, text_file, tmp_path):
     cfg = small(recipe="lora", lora_rank=4, global_batch=2, checkpoint_every=1)
     loaded = load_compressed(tiny_checkpoint)

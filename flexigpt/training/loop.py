@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from flexigpt import devices, faults
 from flexigpt.fileio import CheckpointError
+from flexigpt.memory import reuse_freed_memory
 from flexigpt.perplexity import perplexity
 from flexigpt.precision import native_bf16
 from flexigpt.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
@@ -131,13 +132,14 @@ def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor |
         TrainingDivergedError: non-finite loss or gradient norm (names the step).
         ValueError: global_batch not divisible by micro_batch × processes.
     """
-    run = _setup(_accelerator(cfg), model, stream, val_windows, cfg, plan, ckpt, digest,
-                 teacher, stop_step)
-    if run.state.step == 0 and val_windows is not None:
-        _log_start(run, val_windows, start_ppl)
-    run_start = time.perf_counter()
-    _train_steps(run, on_step)
-    return _finish(run, run_start)
+    with reuse_freed_memory():  # each step's large tensors reuse the last step's pages
+        run = _setup(_accelerator(cfg), model, stream, val_windows, cfg, plan, ckpt, digest,
+                     teacher, stop_step)
+        if run.state.step == 0 and val_windows is not None:
+            _log_start(run, val_windows, start_ppl)
+        run_start = time.perf_counter()
+        _train_steps(run, on_step)
+        return _finish(run, run_start)
 
 
 @dataclass

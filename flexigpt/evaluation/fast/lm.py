@@ -18,7 +18,8 @@ how the token-level requests are computed:
   ``lm_head(decoder(x))`` (checked once, ``find_plain_head``) the decoder runs once and the
   head plus fp32 log-softmax run ``head_rows`` scored positions at a time into reused
   buffers (``scoring.py``); other models get ``logits_to_keep`` with a boolean mask;
-* on CPU, glibc malloc keeps freed activation buffers for reuse (``cpu_malloc.py``);
+* on CPU, glibc malloc keeps freed activation buffers for reuse
+  (:func:`flexigpt.memory.keep_heap_for_reuse`);
 * optional bf16 autocast (default fp32); log-softmax is always taken in fp32.
 
 Results equal stock ``HFLM`` up to float rounding, with the same ``is_greedy``. Measured on
@@ -45,7 +46,6 @@ from lm_eval.models.huggingface import HFLM
 from torch import nn
 from tqdm.auto import tqdm
 
-from flexigpt.evaluation.fast.cpu_malloc import keep_heap_for_reuse
 from flexigpt.evaluation.fast.packing import (
     PackedRow,
     WorkCounts,
@@ -58,6 +58,7 @@ from flexigpt.evaluation.fast.packing import (
 )
 from flexigpt.evaluation.fast.scoring import score_rows
 from flexigpt.evaluation.fast.tree_attention import tree_attention
+from flexigpt.memory import keep_heap_for_reuse
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,8 @@ class FastHFLM(HFLM):
         head_rows: scored positions per LM-head matmul and log-softmax chunk (bounds the
             ``[head_rows, V]`` buffers; on CPU fewer than ~512 run the head slower).
         keep_heap: on CPU, tune glibc malloc once per process so activation buffers are
-            reused instead of page-faulted in every forward (``cpu_malloc``; process-wide).
+            reused instead of page-faulted in every forward
+            (:func:`flexigpt.memory.keep_heap_for_reuse`; process-wide).
     """
 
     def __init__(self, *args: Any, row_tokens: int = 256, batch_tokens: int = 4096,
