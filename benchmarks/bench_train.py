@@ -189,8 +189,9 @@ def main() -> int:
     p.add_argument("--warmup-steps", type=int, default=1)
     p.add_argument("--profile", action="store_true",
                    help="also write <out>.<method>.<variant>.profile.txt: operators by self "
-                        "CPU time over each run (the profiler slows the run; its tokens/s is "
-                        "not comparable)")
+                        "CPU time over each run, overall and by input shape (the profiler "
+                        "slows the run, large copies and softmaxes most: ~20x in our runs, "
+                        "so read it for op counts and shapes; time parts with timers)")
     p.add_argument("--reuse-memory", choices=("on", "off", "both"), default="on",
                    help="flexigpt.memory.reuse_freed_memory in the loop (the trainer's "
                         "default: on); both: each run twice, off then on, interleaved")

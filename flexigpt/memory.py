@@ -8,7 +8,7 @@ Two opposite needs, both about glibc's allocator and neither changing any value:
   resident. A compressor that replaces every weight by a smaller one therefore never sees
   its resident set fall. ``malloc_trim(0)`` returns every free page of the heap to the
   system (``madvise(MADV_DONTNEED)``).
-* **Keep it** (:func:`reuse_freed_memory`, training and scoring loops). A loop allocates and
+* **Keep it** (:func:`reuse_freed_memory`, the training loop). A loop allocates and
   frees the same large tensors at every step (the logits ``[B, T, V]``, their fp32 chunks,
   gradients). glibc serves every block over its mmap threshold (at most 32 MiB) with a
   fresh ``mmap`` and unmaps it on free, so every step faults in, and the kernel zeroes, each

@@ -21,7 +21,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from flexigpt.devices import model_device
-from flexigpt.memory import reuse_freed_memory
 
 
 def window_nll(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
@@ -78,17 +77,30 @@ def window_nlls(model: nn.Module, windows: torch.Tensor, batch_size: int = 8,
     was_training = model.training
     model.eval()
     try:
-        with reuse_freed_memory():  # each batch's logits reuse the last batch's pages
-            for start in tqdm(range(0, windows.shape[0], batch_size), desc="perplexity",
-                              disable=not progress):
-                ids = windows[start:start + batch_size].to(device)
-                logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-                flat, target = logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
-                tok = nn.functional.cross_entropy(flat, target, reduction="none")
-                total += float(tok.sum())
-                count += ids[:, 1:].numel()
-                per_nll.extend(tok.view(ids.shape[0], -1).double().sum(dim=1).tolist())
-                per_tok.extend([ids.shape[1] - 1] * ids.shape[0])
+        for start in tqdm(range(0, windows.shape[0], batch_size), desc="perplexity",
+                          disable=not progress):
+            ids = windows[start:start + batch_size].to(device)
+            logits = model(input_ids=ids, use_cache=False).logits
+            tok = _token_nlls(logits, ids)
+            total += float(tok.sum())
+            count += ids[:, 1:].numel()
+            per_nll.extend(tok.view(ids.shape[0], -1).double().sum(dim=1).tolist())
+            per_tok.extend([ids.shape[1] - 1] * ids.shape[0])
     finally:
         model.train(was_training)
     return WindowNLL(per_nll, per_tok, total, count)
+
+
+def _token_nlls(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token NLL (fp32) of every predicted position, ``[B·(T−1)]`` in row order, from
+    ``logits [B, T, V]`` of any float dtype and ``ids [B, T]``.
+
+    Equal, element for element, to ``cross_entropy(logits[:, :-1].float().reshape(-1, V),
+    ids[:, 1:].reshape(-1))`` (each row's log-softmax is reduced on its own), but one window
+    at a time: the fp32 temporaries are ``[T−1, V]``, not ``[B·(T−1), V]`` (400 MB at
+    8 × 512 × 49,152).
+    """
+    return torch.cat([nn.functional.cross_entropy(logits[i, :-1].float(), ids[i, 1:],
+                                                  reduction="none")
+                      for i in range(ids.shape[0])])
+

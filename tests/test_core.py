@@ -113,6 +113,7 @@ def test_reuse_freed_memory_nests_and_restores(monkeypatch):
     with memory.reuse_freed_memory() as active:
         assert active is has_glibc
     monkeypatch.setattr(memory, "_libc", lambda: FakeLibc())
+    monkeypatch.setattr(memory, "_kept", None)  # keep_heap_for_reuse not called yet
     with pytest.raises(RuntimeError), memory.reuse_freed_memory() as active:
         assert active
         with memory.reuse_freed_memory():
@@ -124,10 +125,17 @@ def test_reuse_freed_memory_nests_and_restores(monkeypatch):
                          ("mallopt", memory._M_TRIM_THRESHOLD, memory._DEFAULT_TRIM_THRESHOLD),
                          ("trim", 0)]
     assert memory._depth == 0
+    assert memory.keep_heap_for_reuse()  # for good: a later block leaves its settings alone
+    del calls[:]
+    with memory.reuse_freed_memory():
+        pass
+    assert calls == [("mallopt", memory._M_MMAP_MAX, 0),
+                     ("mallopt", memory._M_TRIM_THRESHOLD, memory._NEVER_TRIM),
+                     ("mallopt", memory._M_MMAP_MAX, memory._DEFAULT_MMAP_MAX)]
     monkeypatch.setattr(memory, "REUSE", False)
     with memory.reuse_freed_memory() as active:
         assert active is False
-    assert len(calls) == 5
+    assert len(calls) == 3
 
 
 def test_load_model_unknown_hub_id(monkeypatch):

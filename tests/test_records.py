@@ -150,3 +150,20 @@ def test_load_records_of_an_old_result_says_so(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(old))
     with pytest.raises(FileNotFoundError, match="no per-document records"):
         load_records(tmp_path / "old.json")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_nlls_one_window_at_a_time_equal_the_whole_batch(dtype):
+    """The perplexity loop scores one window's logits at a time (fp32 temporaries [T-1, V]
+    instead of [B(T-1), V]); every token NLL, and so every total, is bit-identical to
+    cross-entropy over the whole batch."""
+    from flexigpt.perplexity import _token_nlls
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 17, 1000, generator=gen) * 4).to(dtype)
+    ids = torch.randint(1000, (3, 17), generator=gen)
+    flat = logits[:, :-1].float().reshape(-1, 1000)
+    whole = torch.nn.functional.cross_entropy(flat, ids[:, 1:].reshape(-1), reduction="none")
+    one_by_one = _token_nlls(logits, ids)
+    assert torch.equal(one_by_one, whole)
+    assert float(one_by_one.sum()) == float(whole.sum())
