@@ -17,7 +17,7 @@ ARCHIVES = sorted(p.parent for p in REFERENCE.glob(f"*/inputs/{INDEX}"))
 
 
 #: reference runs committed before per-document records were kept (their tables only)
-LEGACY = {"smollm2-135m-thorough"}
+LEGACY: set[str] = set()
 
 
 def test_every_reference_run_commits_its_inputs():
