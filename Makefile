@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 BIN := $(VENV)/bin
-CHECKED := flexigpt baselines workflow/scripts benchmarks
+CHECKED := flexigpt baselines workflow/scripts benchmarks tests
 
 .PHONY: setup run smoke test check test-slow test-slurm lint report
 setup: $(STAMP)

@@ -13,10 +13,7 @@ import torch
 from flexigpt.resources import LAYOUT, TINY, WIKI_TRAIN, build_resource
 from flexigpt.resources.wiki import build_wiki_text
 
-WORDS = ("the of and to in is was for on that with as by at from his her are were be this "
-         "which an it or had first new after also time year city river king war world part "
-         "music film game team state people church school water system large small early "
-         "north south famous history modern language island empire science").split()
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "are", "were", "be", "this", "which", "an", "it", "or", "had", "first", "new", "after", "also", "time", "year", "city", "river", "king", "war", "world", "part", "music", "film", "game", "team", "state", "people", "church", "school", "water", "system", "large", "small", "early", "north", "south", "famous", "history", "modern", "language", "island", "empire", "science"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import WORDS, make_model, manifest_for
+
 from flexigpt.artifacts import load_compressed
 from flexigpt.cli import main as cli_main
 from flexigpt.export.card import write_model_card
@@ -168,7 +168,7 @@ def test_remote_code_equals_load_compressed(saved, name, tmp_path):
     torch.testing.assert_close(_logits(model), _logits(ref), atol=1e-5, rtol=0)
     assert count_parameters(model) == count_parameters(ref)
     with safe_open(saved[name] / "model.safetensors", "pt") as fh:  # shared weights stored once
-        stored = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys())
+        stored = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys())  # noqa: SIM118 - safe_open has no __iter__
     assert stored == count_parameters(ref)
     model.save_pretrained(tmp_path / "again")  # HF's own save of the remote-code model
     again = _auto(tmp_path / "again", trust_remote_code=True)
@@ -282,9 +282,9 @@ def test_stock_lm_eval_cli_on_local_tasks_matches_harness(saved, tmp_path, monke
     pytest.importorskip("lm_eval")
     import lm_eval
 
+    from flexigpt.evaluation.lm_eval_tasks import write_task_yamls
     from flexigpt.evaluation.tasks import build_task, local_config, task_manager
     from flexigpt.evaluation.zeroshot import SEEDS, make_lm
-    from flexigpt.evaluation.lm_eval_tasks import write_task_yamls
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import make_model, manifest_for
+
 from flexigpt.artifacts import load_compressed
-from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.fileio import CheckpointError
 from flexigpt.block_influence import block_influence, lowest_blocks
 from flexigpt.calibration import CalibrationDataError, token_windows
+from flexigpt.export.publish import publish_compressed as save_compressed
+from flexigpt.fileio import CheckpointError
 from flexigpt.models import ModelLoadError, UnsupportedArchitectureError, get_adapter, load_model
 from flexigpt.params import count_parameters
 from flexigpt.registry import METHODS, UnknownMethodError, get_method, validate_ratio
@@ -162,7 +161,7 @@ def test_registry_owns_the_method_facts():
     from flexigpt.generation import SPECULATIVE_METHODS
     from flexigpt.tables.labels import METHOD_LABELS, METHOD_ORDER
 
-    assert METHOD_ORDER == list(METHODS) and set(METHOD_LABELS.values()) == {
+    assert list(METHODS) == METHOD_ORDER and set(METHOD_LABELS.values()) == {
         f.label for f in METHODS.values()}
     assert BI_METHODS == ("shortgpt", "shortgpt_lora", "flexigpt")
     assert SPECULATIVE_METHODS == ("flexigpt", "flexigpt_extend")

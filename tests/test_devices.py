@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import run_script
+
 from flexigpt import devices
 
 ROOT = Path(__file__).resolve().parent.parent

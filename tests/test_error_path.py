@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from flexigpt.fileio import MARKER, atomic_directory
 from flexigpt.cli import main as cli_main
+from flexigpt.fileio import MARKER, atomic_directory
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("single_thread")

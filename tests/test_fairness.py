@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import make_model, make_text, manifest_for
+
 from flexigpt.block_count import nearest_block_count, paper_block_count
 from flexigpt.calibration import read_documents, split_heldout
 from flexigpt.methods.sharing import adapter_trainable
@@ -56,10 +56,10 @@ def test_flexigpt_and_shortgpt_share_the_rule():
     for ratio in (0.3, 0.4):
         flexi = _compress("flexigpt", make_model(layers=8), ratio=ratio, policy="matched")
         net = flexi.info["params"]["removed_per_block"] - flexi.info["params"]["added_per_block"]
-        assert flexi.info["k"] == nearest_block_count(ratio, lambda k: k * net / dense, 8)
+        assert flexi.info["k"] == nearest_block_count(ratio, lambda k, net=net: k * net / dense, 8)
         short = _compress("shortgpt", make_model(layers=8), ratio=ratio, policy="matched")
         block = (dense - count_parameters(make_model(layers=7))) / dense
-        assert short.info["k"] == nearest_block_count(ratio, lambda k: k * block, 8)
+        assert short.info["k"] == nearest_block_count(ratio, lambda k, block=block: k * block, 8)
         for name in ("flexigpt", "shortgpt"):  # paper protocol: the same int(ratio·L)
             res = _compress(name, make_model(layers=8), ratio=ratio, policy="paper")
             assert res.info["k"] == int(ratio * 8)

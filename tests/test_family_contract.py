@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_model
+
 from flexigpt.models import UnsupportedArchitectureError, get_adapter
 from flexigpt.models.adapters import ADAPTERS
 from flexigpt.registry import METHODS, get_method

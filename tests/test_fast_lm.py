@@ -8,17 +8,23 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import WORDS, make_model, make_tokenizer
-from flexigpt.evaluation.fast.packing import (WorkCounts, batch_rows, bucket_rows, collate,
-                                         collate_flat, pack_requests, plan_work)
+
+from flexigpt.evaluation.fast.packing import (
+    WorkCounts,
+    batch_rows,
+    bucket_rows,
+    collate,
+    collate_flat,
+    pack_requests,
+    plan_work,
+)
 
 pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 from flexigpt.evaluation.fast.lm import FastHFLM  # noqa: E402
-
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import link_resources, without_keys, write_fake_benchmarks
+
 from flexigpt.fileio import MARKER
 from flexigpt.manifest import VOLATILE_KEYS
 

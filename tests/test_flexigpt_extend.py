@@ -7,13 +7,13 @@ import json
 
 import pytest
 import torch
-
 from conftest import make_model, manifest_for
+
 from flexigpt.api import compress as api_compress
 from flexigpt.artifacts import load_compressed
-from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.cli import main as cli_main
 from flexigpt.commands.extend import parse_span
+from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.methods.extend import ExtendConfig, compress, extension_layout
 from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
 from flexigpt.models import get_adapter

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import make_model
+
 from flexigpt.artifacts import load_compressed, read_manifest
 from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.fileio import CheckpointError, sha256_file
@@ -106,9 +106,10 @@ def test_older_manifest_is_migrated(compressed):
 def test_slicegpt_saved_before_head_bias_loads(tmp_path, tiny_tokenizer, text_file):
     """A SliceGPT model whose manifest.json and config.json predate ``head_bias`` loads, reads
     it as false, and computes what it computed."""
+    from conftest import manifest_for
+
     from baselines.slicegpt.config import SliceGPTConfig
     from baselines.slicegpt.method import compress
-    from conftest import manifest_for
     from flexigpt.calibration import token_windows
 
     model = make_model()

@@ -8,9 +8,9 @@ import copy
 
 import pytest
 import torch
+from conftest import make_model, manifest_for, perturb_adapters, perturb_norms
 from torch import nn
 
-from conftest import make_model, manifest_for, perturb_adapters, perturb_norms
 from flexigpt.artifacts import LoadedModel, load_compressed
 from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.generation import Generator

@@ -12,13 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import WORDS, make_model
 
 pytest.importorskip("lm_eval")
 from flexigpt import stats as S  # noqa: E402
-from flexigpt.evaluation.results import (evaluate_model, load_records, load_result,  # noqa: E402
-                                         records_paths)
+from flexigpt.evaluation.results import evaluate_model, load_records, load_result, records_paths  # noqa: E402
 from flexigpt.perplexity import perplexity, window_nll, window_nlls  # noqa: E402
 
 TASKS = ("arc_easy", "winogrande", "hellaswag")
@@ -76,7 +74,9 @@ def test_fast_and_stock_write_the_same_records(bench_dir, tiny_checkpoint, text_
     # the result JSON stays small: no per-doc data in it
     assert "loglikelihoods" not in (tmp_path / "fast.json").read_text()
     # deterministic gzip (mtime 0): a byte-identical rerun would give a byte-identical file
-    assert gzip.open(paths["tasks"]).read() and paths["tasks"].read_bytes()[4:8] == b"\0\0\0\0"
+    with gzip.open(paths["tasks"]) as fh:
+        assert fh.read()
+    assert paths["tasks"].read_bytes()[4:8] == b"\0\0\0\0"
 
     rec_f, rec_s = load_records(tmp_path / "fast.json"), load_records(tmp_path / "stock.json")
     assert list(rec_f["tasks"]) == list(rec_s["tasks"]) == list(TASKS)

@@ -14,15 +14,21 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import make_model, manifest_for, refusing, without_keys
 
 import flexigpt.models.loading as loading
-from conftest import make_model, manifest_for, refusing, without_keys
 from flexigpt.api import compress as api_compress
 from flexigpt.artifacts import load_compressed
 from flexigpt.cli import main as cli_main
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.fileio import (MARKER, CheckpointError, OutputExistsError, atomic_directory,
-                             atomic_write_text, sha256_file)
+from flexigpt.fileio import (
+    MARKER,
+    CheckpointError,
+    OutputExistsError,
+    atomic_directory,
+    atomic_write_text,
+    sha256_file,
+)
 from flexigpt.manifest import VOLATILE_KEYS, Manifest, manifest_hash
 from flexigpt.models.loading import ModelLoadError, load_model
 from flexigpt.registry import get_method
@@ -73,9 +79,9 @@ def test_existing_foreign_out_is_refused_and_kept(tiny_model, tiny_tokenizer, tm
     assert str(out) in str(info.value) and isinstance(info.value, ValueError)
     assert _intact(out)
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no partial left either
-    with pytest.raises(OutputExistsError):  # a plain atomic_directory caller too
-        with atomic_directory(out) as tmp:
-            (tmp / "x").write_text("x")
+    # a plain atomic_directory caller too
+    with pytest.raises(OutputExistsError), atomic_directory(out) as tmp:
+        (tmp / "x").write_text("x")
     assert _intact(out)
     # force replaces, atomically
     save_compressed(tiny_model, tiny_tokenizer, manifest_for(), out,
@@ -95,9 +101,9 @@ def test_previous_output_is_replaced_but_not_user_additions(tiny_model, tiny_tok
     assert (out / "my_notes.txt").read_text() == "keep me"
     # an export must not replace a saved model (another kind of output)
     (out / "my_notes.txt").unlink()
-    with pytest.raises(OutputExistsError, match="not a export"):
-        with atomic_directory(out, kind="export"):
-            pass
+    with pytest.raises(OutputExistsError, match="not a export"), \
+            atomic_directory(out, kind="export"):
+        pass
 
 
 def test_cli_refuses_foreign_out_before_work_and_force_replaces(tiny_checkpoint, text_file,
@@ -250,7 +256,7 @@ def test_rank_too_large_names_the_largest_useful_rank(tiny_checkpoint, text_file
                             options={"ratio": 0.5, "rank": best, "bi_scores": BI},
                             calibration=str(text_file), n_calibration=2, calibration_seq_len=16,
                             accept_ratio_miss=True)
-    assert 0 < manifest.parameters.achieved_ratio
+    assert manifest.parameters.achieved_ratio > 0
     out = tmp_path / "big"
     assert cli_main(["compress", "--method", "flexigpt", "--model", str(tiny_checkpoint),
                      "--out", str(out), "--rank", "5000", "--calibration", str(text_file)]) == 2

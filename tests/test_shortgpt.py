@@ -6,12 +6,12 @@ import copy
 
 import pytest
 import torch
-
 from conftest import make_model, manifest_for
+
 from flexigpt.api import compress as api_compress
 from flexigpt.artifacts import load_compressed
-from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.calibration import token_windows
+from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.models import get_adapter
 from flexigpt.params import compression_ratio, count_parameters
 from flexigpt.registry import get_method

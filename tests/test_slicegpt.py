@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_model, manifest_for
 from torch import nn
 
 from baselines.slicegpt.accounting import Plan, predict_parameters
@@ -13,10 +14,9 @@ from baselines.slicegpt.fusion import fuse_model, is_tied
 from baselines.slicegpt.method import METHOD, compress
 from baselines.slicegpt.pca import SecondMoment
 from baselines.slicegpt.rotate import rotate_and_slice
-from conftest import make_model, manifest_for
 from flexigpt.artifacts import load_compressed
-from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.calibration import token_windows
+from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.perplexity import perplexity

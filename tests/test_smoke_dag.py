@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import link_resources
+
 from flexigpt.dag import RunGrid
 from flexigpt.dag.archive import archive_run
 from flexigpt.tables.archive import rebuild

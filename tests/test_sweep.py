@@ -13,7 +13,7 @@ from flexigpt.artifacts import load_compressed
 from flexigpt.fileio import CheckpointError
 from flexigpt.training import TrainConfig, train_model
 from flexigpt.training.checkpoint import checkpoint_dir
-from flexigpt.training.tuning import SELECTION_FILE, rung_step, run_sweep
+from flexigpt.training.tuning import SELECTION_FILE, run_sweep, rung_step
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -8,16 +8,21 @@ import math
 
 import pytest
 import torch
-
 from conftest import manifest_for
+
 from flexigpt.artifacts import load_compressed
-from flexigpt.fileio import CheckpointError
 from flexigpt.cli import main
-from flexigpt.training import TrainConfig, TrainingDivergedError, resolve_plan, train_loaded
-from flexigpt.training import train_model
+from flexigpt.fileio import CheckpointError
+from flexigpt.methods.lora import RecoveryLoRALinear, merge_lora
+from flexigpt.training import (
+    TrainConfig,
+    TrainingDivergedError,
+    resolve_plan,
+    train_loaded,
+    train_model,
+)
 from flexigpt.training.checkpoint import checkpoint_dir
 from flexigpt.training.config import TrainPlan
-from flexigpt.methods.lora import RecoveryLoRALinear, merge_lora
 from flexigpt.training.loop import lr_factor
 from flexigpt.training.outputs import LOG_COLUMNS
 from flexigpt.training.recipes import apply_recipe

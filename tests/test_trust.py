@@ -15,13 +15,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, make_model, make_text, manifest_for
+
 from flexigpt.artifacts import load_compressed, read_manifest
 from flexigpt.cli import main as cli_main
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.fileio import (MANIFEST, MARKER, CheckpointError, atomic_directory, sha256_file,
-                             verify_marker)
+from flexigpt.fileio import (
+    MANIFEST,
+    MARKER,
+    CheckpointError,
+    atomic_directory,
+    sha256_file,
+    verify_marker,
+)
 from flexigpt.fileio import outputs as fileio_outputs
 from flexigpt.manifest import manifest_hash
 from flexigpt.models.checkpoint_format import MODELING_FILE

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -276,8 +275,7 @@ def test_bench_scaling_counts_fits_and_extrapolates():
     import math
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_scaling import (PAPER, dense_params, extrapolate, fit_linear, fit_power,
-                               markdown)
+    from bench_scaling import PAPER, dense_params, extrapolate, fit_linear, fit_power, markdown
 
     assert dense_params("llama-2-7b") == 6_738_415_616  # the published count
     assert dense_params("tinyllama-1.1b") == 1_100_048_384
