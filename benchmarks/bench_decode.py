@@ -11,7 +11,12 @@ and self-speculative decoding at each of ``--draft-lengths``: α, speed-up over 
 plain batch-1 decoding of the same model (and over transformers' ``generate``), the bound ``(1 − α^(k+1)) / ((1 − α)(k·c +
 1))``, speed-up / bound, and whether the greedy tokens equal plain decoding's. ``--merged``
 adds each FlexiGPT model with merged replacement weights (the opt-in merged-weights path,
-:mod:`flexigpt.generation.merged`), decoded plainly. The load average is printed at the start
+:mod:`flexigpt.generation.merged`), decoded plainly. ``--compile`` adds every model (merged
+copies included) with a compiled decode step (``<label>+compiled``: the same weights, a static
+KV cache and ``torch.compile``, :func:`flexigpt.generation.generator.decode_compile_kwargs`),
+warmed up (compiled) before anything is timed; the table then also gives each compiled model's
+per-token latency over the first model's compiled one, and every variant says whether its
+greedy tokens equal its eager model's. The load average is printed at the start
 and end and written to the JSON.
 
 Default prompts: the first sentences of the first ``--n-prompts`` documents of
@@ -34,6 +39,7 @@ import math
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +88,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--merged", action="store_true",
                    help="also time each FlexiGPT model with merged replacement weights")
+    p.add_argument("--no-speculative", action="store_true",
+                   help="skip the lean loops and self-speculative decoding")
+    p.add_argument("--compile", action="store_true",
+                   help="also time every model with a compiled decode step (static cache)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 3 prompts, 8 new tokens, batch 2, 1 repeat")
     p.add_argument("--out", help="JSON output path")
@@ -110,7 +120,72 @@ def load_generators(args: argparse.Namespace,
                                                             g.manifest))
             gens[f"{label}+merged"].merge_info = info  # type: ignore[attr-defined]
             dirs[f"{label}+merged"] = str(model_dir)
+    if args.compile:
+        for label in list(gens):
+            g = gens[label]
+            compiled = Generator(LoadedModel(g.model, g.tokenizer, g.manifest),
+                                 compile_decode=True)
+            if hasattr(g, "merge_info"):
+                compiled.merge_info = g.merge_info  # type: ignore[attr-defined]
+            gens[f"{label}+compiled"] = compiled
+            dirs[f"{label}+compiled"] = dirs[label]
     return gens, dirs
+
+
+def warm_up(gens: dict[str, Generator], prompts: list[str], batch_size: int,
+            batched: bool) -> dict[str, float]:
+    """Compile the decode step of every compiled generator before anything is timed (two
+    batch-1 calls of different prompt lengths, then one of ``batch_size`` prompts, 8 new
+    tokens each: the shapes the timed runs will see); returns label → seconds."""
+    seconds = {}
+    for label, g in gens.items():
+        if not g.compile_decode:
+            continue
+        tic = time.perf_counter()
+        g.generate(prompts[:2], max_new_tokens=8, ignore_eos=True, batch_size=1,
+                   engine="transformers")
+        if batched:
+            g.generate(prompts[:batch_size], max_new_tokens=8, ignore_eos=True,
+                       batch_size=batch_size, engine="transformers")
+        seconds[label] = time.perf_counter() - tic
+        print(f"compiled {label}'s decode step in {seconds[label]:.1f} s", flush=True)
+    return seconds
+
+
+def eager_label(label: str) -> str:
+    """The eager model (unmerged, as loaded) a ``+compiled`` / ``+merged`` variant derives
+    from."""
+    return label.split("+", 1)[0]
+
+
+def print_comparisons(models: list[dict[str, Any]]) -> None:
+    """Each compiled model's latency over the first compiled model's, and whether every
+    variant decodes the same greedy tokens as its eager model."""
+    by_name = {e["label"]: e for e in models}
+    first = models[0]
+    print("weight bytes read per decode step (the latency ratio's floor where decoding "
+          "streams its weights):")
+    for e in models:
+        if not e["compiled_decode"]:
+            print(f"  {e['label']:<30} {e['weight_reads_mb']:8.1f} MB "
+                  f"(× {e['weight_reads_mb'] / first['weight_reads_mb']:.3f})")
+    compiled = [e for e in models if e["compiled_decode"]]
+    if compiled:
+        ref = compiled[0]
+        print(f"compiled decode step, relative to {ref['label']}:")
+        for e in compiled:
+            bb = (e["batched"]["per_token_ms"] / ref["batched"]["per_token_ms"]
+                  if e["batched"] and ref["batched"] else math.nan)
+            print(f"  {e['label']:<30} batch 1 {e['batch1']['per_token_ms']:7.2f} ms/token "
+                  f"(× {e['batch1']['per_token_ms'] / ref['batch1']['per_token_ms']:.3f}), "
+                  f"batched × {bb:.3f}")
+    for e in models:
+        base = by_name.get(eager_label(e["label"]))
+        if base is not None and base is not e:
+            same = {k: e["greedy_sha1"].get(k) == base["greedy_sha1"].get(k)
+                    for k in e["greedy_sha1"]}
+            e["greedy_identical_to_eager"] = same
+            print(f"  {e['label']}: greedy tokens identical to {base['label']}: {same}")
 
 
 def print_models(models: list[dict[str, Any]]) -> None:
@@ -159,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
               f"at batch 1 ({seconds:.1f} s)", flush=True)
 
     # merged copies decode plainly only: their draft is the unmerged model's (same blocks)
+    compile_s = warm_up(gens, prompts, args.batch_size, not args.no_batched)
     spec = [label for label, g in gens.items()
-            if g.supports_speculative() and not hasattr(g, "merge_info")]
+            if g.supports_speculative() and not hasattr(g, "merge_info")
+            and not g.compile_decode and not args.no_speculative]
     models = measure_decode(gens, prompts, args.max_new_tokens, args.batch_size,
                             args.draft_lengths, args.repeats, on_round=progress,
                             speculative=spec, batched=not args.no_batched)
@@ -173,13 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(prompts)} prompts × {args.max_new_tokens} new tokens, "
           f"{args.repeats} repeat(s), batch {args.batch_size}")
     print_models(models)
+    print_comparisons(models)
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}; "
           f"max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     result = {"config": {"n_prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                          "batch_size": args.batch_size, "batched": not args.no_batched,
                          "draft_lengths": args.draft_lengths,
                          "repeats": args.repeats, "threads": torch.get_num_threads(),
-                         "dtype": args.dtype, "quick": args.quick},
+                         "dtype": args.dtype, "quick": args.quick,
+                         "compile": args.compile},
+              "compile_s": compile_s,
               "loadavg": {"start": list(load_start), "end": list(load_end)},
               "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "prompts": prompts, "models": models}

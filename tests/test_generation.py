@@ -14,8 +14,8 @@ import torch
 from conftest import make_model, manifest_for, perturb_adapters
 
 from flexigpt.artifacts import LoadedModel
-from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.cli import main as cli_main
+from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.generation import (
     Generator,
     build_draft,
@@ -26,6 +26,7 @@ from flexigpt.generation import (
 )
 from flexigpt.generation.few_rows import few_row_route
 from flexigpt.generation.merged import merge_replacement_linears
+from flexigpt.generation.transformers_engine import generate_batches
 from flexigpt.methods.extend import ExtendConfig
 from flexigpt.methods.extend import compress as extend_compress
 from flexigpt.methods.prune import FlexiGPTConfig
@@ -200,6 +201,77 @@ def test_batch_of_two_left_padding(tiny_tokenizer):
     s = batched.stats
     assert s["new_tokens"] == 20 and s["decode_steps"] == 9 and s["tokens_per_s"] > 0
     assert s["prefill_s"] > 0 and s["per_token_ms"] > 0
+
+
+def test_streamer_clock_times_the_same_steps_as_hooks(tiny_tokenizer):
+    model, manifest = flexi()
+    gen = gen_for(model, manifest, tiny_tokenizer)
+    kwargs = {"max_new_tokens": 7, "do_sample": False, "min_new_tokens": 7,
+              "pad_token_id": tiny_tokenizer.pad_token_id}
+    runs = {clock: generate_batches(model, None, [gen.encode(PROMPTS[1:])], kwargs, set(),
+                                    clock=clock) for clock in ("hooks", "streamer")}
+    (ids_h, sums_h), (ids_s, sums_s) = runs["hooks"], runs["streamer"]
+    assert ids_h == ids_s and all(len(t) == 7 for t in ids_s)
+    for key in ("decode_steps", "full_forwards", "batches"):
+        assert sums_h[key] == sums_s[key]
+    assert sums_s["decode_steps"] == 6 and 0 < sums_s["prefill_s"] < sums_s["wall_s"]
+    with pytest.raises(ValueError, match="clock"):
+        generate_batches(model, model, [gen.encode(PROMPTS[:1])], kwargs, set(),
+                         clock="streamer")
+
+
+def test_weight_reads_count_shared_weights_at_each_use():
+    from flexigpt.generation.figures import weight_reads_per_token
+    from flexigpt.methods.sharing import adapter_trainable
+
+    model, _ = flexi()
+    dense = make_model(layers=6)
+    extra = adapter_trainable(model) * 4  # fp32 adapters and output norms
+    assert extra > 0
+    assert weight_reads_per_token(model) == weight_reads_per_token(dense) + extra
+    emb = dense.get_input_embeddings().weight
+    all_params = sum(p.numel() * 4 for p in dense.parameters())  # tied head counted once
+    tied = dense.get_output_embeddings().weight is emb
+    assert weight_reads_per_token(dense) == (all_params - emb.numel() * 4 + emb.shape[1] * 4
+                                             + (emb.numel() * 4 if tied else 0))
+
+
+def test_decode_compile_kwargs_round_the_static_cache_up():
+    from flexigpt.generation.generator import STATIC_CACHE_STEP, decode_compile_kwargs
+
+    kw = decode_compile_kwargs(40, 128)
+    assert kw["cache_implementation"] == "static" and kw["max_cache_len"] == STATIC_CACHE_STEP
+    assert decode_compile_kwargs(200, 128)["max_cache_len"] == 2 * STATIC_CACHE_STEP
+    assert kw["compile_config"]._compile_all_devices is True
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_decode_same_greedy_tokens(tiny_tokenizer, monkeypatch, backend):
+    import flexigpt.generation.generator as generator
+
+    monkeypatch.setattr(generator, "COMPILE_BACKEND", backend)
+    torch._dynamo.reset()
+    model, manifest = flexi()
+    eager = gen_for(model, manifest, tiny_tokenizer)
+    compiled = Generator(LoadedModel(model, tiny_tokenizer, manifest), compile_decode=True)
+    for batch_size in (1, 2):
+        want = eager.generate(PROMPTS, max_new_tokens=9, ignore_eos=True, batch_size=batch_size)
+        got = compiled.generate(PROMPTS, max_new_tokens=9, ignore_eos=True,
+                                batch_size=batch_size)
+        assert got.token_ids == want.token_ids
+        assert got.stats["compiled_decode"] and not want.stats["compiled_decode"]
+        assert got.stats["decode_steps"] == want.stats["decode_steps"]
+        assert got.stats["per_token_ms"] > 0
+    assert model._previous_max_cache_length == generator.STATIC_CACHE_STEP
+    torch._dynamo.reset()
+
+
+def test_compiled_decode_refuses_lean_and_speculative(tiny_tokenizer):
+    model, manifest = flexi()
+    gen = Generator(LoadedModel(model, tiny_tokenizer, manifest), compile_decode=True)
+    for opts in ({"engine": "lean"}, {"speculative": True}):
+        with pytest.raises(ValueError, match="compiled decode step"):
+            gen.generate(PROMPTS[:1], max_new_tokens=2, **opts)
 
 
 # ---- merged-weights path -------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """The figures a decoding run reports: rates from its sums, the expected speed-up of
-speculative decoding, and the process's resident memory."""
+speculative decoding, the weight bytes one decode step reads, and the process's resident
+memory."""
 
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Mapping
+
+from torch import nn
 
 
 def expected_speedup(alpha: float, k: int, c: float) -> float:
@@ -48,6 +51,23 @@ def decode_rates(sums: Mapping[str, float], batch_size: int = 1) -> dict[str, fl
         out["accepted_fraction"] = ratio(accepted, sums["drafted"])
         out["tokens_per_round"] = ratio(sums["new_tokens"], sums["rounds"])
     return out
+
+
+def weight_reads_per_token(model: nn.Module) -> int:
+    """Bytes of parameters one decode step of one sequence reads: every module's own
+    parameters once per place the module is used (a base linear that also serves replacement
+    blocks counts at each use, as the forward reads it again), an embedding one row (the
+    token's; a tied LM head still reads the whole matrix as a linear). Buffers and the KV
+    cache are left out. Where decoding streams its weights from memory, the ratio of two
+    models' figures is the floor of their per-token latency ratio."""
+    total = 0
+    for _, module in model.named_modules(remove_duplicate=False):
+        for param in module.parameters(recurse=False):
+            if isinstance(module, nn.Embedding):
+                total += param.shape[-1] * param.element_size()
+            else:
+                total += param.numel() * param.element_size()
+    return total
 
 
 def rss_bytes() -> int:

@@ -24,11 +24,19 @@ accepted tokens, the acceptance rate α (maximum-likelihood estimate of the per-
 acceptance probability of the speculative decoding analysis: accepted / (accepted +
 rejections)), the accepted fraction of drafted tokens and the mean tokens per round. Runs of
 our loops also record ``few_row_route`` (:mod:`flexigpt.generation.few_rows`).
+
+``Generator(..., compile_decode=True)`` decodes on transformers' path with a compiled decode
+step (:func:`decode_compile_kwargs`: a static KV cache sized up to a multiple of
+:data:`STATIC_CACHE_STEP` positions and ``torch.compile`` of the model's forward, also on the
+CPU); the prefill stays eager, the first call of each new shape compiles (minutes on a small
+CPU: warm it up before timing). Mathematically the same decoding; compiled kernels may sum in
+another order, so greedy tokens can differ where two logits nearly tie (the benchmark checks).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +62,30 @@ from flexigpt.models.adapters import get_adapter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+#: the static KV cache of a compiled decode step is sized to the next multiple of this many
+#: positions (prompt + new tokens), so prompts of similar length share one compiled graph
+STATIC_CACHE_STEP = 256
+
+#: ``torch.compile`` backend of the compiled decode step (tests use ``eager``: Dynamo's graph
+#: capture without Inductor's code generation)
+COMPILE_BACKEND = "inductor"
+
+
+def decode_compile_kwargs(prompt_len: int, max_new_tokens: int) -> dict[str, Any]:
+    """``generate`` keyword arguments for a compiled decode step: a static cache of
+    ``ceil((prompt_len + max_new_tokens) / STATIC_CACHE_STEP) · STATIC_CACHE_STEP`` positions
+    and ``torch.compile`` (inductor, default mode: CUDA graphs are not used on the CPU) of
+    the forward, on every device (transformers compiles only on accelerators unless told)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(backend=COMPILE_BACKEND)
+    config.mode = "default" if COMPILE_BACKEND == "inductor" else None  # type: ignore[assignment]
+    config._compile_all_devices = True  # type: ignore[assignment]  # transformers' switch for the CPU
+    step = STATIC_CACHE_STEP
+    return {"cache_implementation": "static", "compile_config": config,
+            "max_cache_len": -(-(prompt_len + max_new_tokens) // step) * step}
+
 
 #: decoding engines: transformers' ``generate`` (assisted generation when speculative), our
 #: lean greedy loops (:mod:`flexigpt.generation.speculative`; batch 1), or ``auto`` = lean
@@ -113,9 +145,13 @@ class Generator:
         dtype: weight dtype when loading.
         device: where a model loaded here goes (:mod:`flexigpt.devices`); prompts are
             encoded onto the model's device.
+        compile_decode: decode through transformers' ``generate`` with a compiled decode
+            step (:func:`decode_compile_kwargs`); the lean loops and speculative decoding
+            are refused for such a generator (ValueError).
     """
 
-    def __init__(self, model_dir: Any, dtype: str = "float32", device: str = "cpu") -> None:
+    def __init__(self, model_dir: Any, dtype: str = "float32", device: str = "cpu",
+                 compile_decode: bool = False) -> None:
         if isinstance(model_dir, LoadedModel):
             loaded = model_dir
         elif isinstance(model_dir, tuple):
@@ -130,6 +166,7 @@ class Generator:
         self.tokenizer.padding_side = "left"
         self._draft: PreTrainedModel | None = None
         self.draft_info: dict[str, Any] = {}
+        self.compile_decode = bool(compile_decode)
 
     @property
     def method(self) -> str | None:
@@ -185,6 +222,9 @@ class Generator:
         prompts = list(prompts)
         lean = _check_options(prompts, max_new_tokens, batch_size, do_sample, temperature,
                               top_p, engine, speculative)
+        if self.compile_decode and (lean or speculative):
+            raise ValueError("a compiled decode step runs on transformers' plain decoding "
+                             "only (engine='transformers', speculative=False)")
         draft = self._speculative_draft(draft_length) if speculative else None
         if speculative or lean:
             batch_size = 1  # assisted generation and our loops: one sequence at a time
@@ -202,9 +242,14 @@ class Generator:
             # EOS is masked out (min_new_tokens): every sequence gets max_new_tokens tokens
             kwargs.update(min_new_tokens=max_new_tokens)
         torch.manual_seed(seed)
-        batches = (self.encode(prompts[start:start + batch_size])
-                   for start in range(0, len(prompts), batch_size))
-        new_ids, sums = generate_batches(self.model, draft, batches, kwargs, eos_ids)
+        batches: Iterator[dict[str, Any]] = (
+            self.encode(prompts[start:start + batch_size])
+            for start in range(0, len(prompts), batch_size))
+        if self.compile_decode:
+            batches = ({**enc, "generate_kwargs": decode_compile_kwargs(
+                enc["input_ids"].shape[1], max_new_tokens)} for enc in batches)
+        new_ids, sums = generate_batches(self.model, draft, batches, kwargs, eos_ids,
+                                         clock="streamer" if self.compile_decode else "hooks")
         texts = [self.tokenizer.decode(kept, skip_special_tokens=True) for kept in new_ids]
         stats = self._transformers_stats(len(prompts), new_ids, sums, max_new_tokens,
                                          do_sample, seed, batch_size, speculative,
@@ -231,7 +276,8 @@ class Generator:
         else:
             stats.update(prefill_s=sums["prefill_s"], decode_s=sums["decode_s"],
                          decode_steps=sums["decode_steps"])
-        stats.update(decode_rates(stats, batch_size), engine="transformers")
+        stats.update(decode_rates(stats, batch_size), engine="transformers",
+                     compiled_decode=self.compile_decode)
         return stats
 
     def _generate_lean(self, prompts: list[str], max_new_tokens: int, draft: nn.Module | None,

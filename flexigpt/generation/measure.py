@@ -30,6 +30,8 @@ run (KV cache, activations); ``weights_mb`` the distinct storage of a model's te
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import statistics
@@ -44,7 +46,12 @@ import torch
 from flexigpt.devices import model_device
 from flexigpt.generation.draft import DEFAULT_DRAFT_LENGTH
 from flexigpt.generation.few_rows import few_row_route
-from flexigpt.generation.figures import decode_rates, expected_speedup, rss_bytes
+from flexigpt.generation.figures import (
+    decode_rates,
+    expected_speedup,
+    rss_bytes,
+    weight_reads_per_token,
+)
 from flexigpt.generation.generator import Generator
 
 #: the paper's figure: self-speculative decoding is 30.11 % faster than plain FlexiGPT decoding
@@ -124,6 +131,12 @@ def timed(gen: Generator, prompts: list[str], new_tokens: int, **opts: Any):
     return out
 
 
+def token_digest(token_ids: list[list[int]]) -> str:
+    """A short digest of the new token ids of every prompt (equal digests: the same greedy
+    output token for token)."""
+    return hashlib.sha1(json.dumps(token_ids).encode()).hexdigest()[:16]
+
+
 def median_of(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
@@ -160,10 +173,12 @@ def measure_decode(gens: dict[str, Generator], prompts: list[str], new_tokens: i
     ``batched=False`` skips the batched runs (``batched`` is then None; ``batch`` still sizes
     the chunks).
 
-    Returns one entry per model, in order: ``name, method, weights_mb, prefill_ms`` (per
+    Returns one entry per model, in order: ``name, method, weights_mb``, ``weight_reads_mb``
+    (:func:`~flexigpt.generation.figures.weight_reads_per_token`), ``prefill_ms`` (per
     prompt), ``batch1`` / ``batched`` (medians of :data:`PLAIN_KEYS` + ``batch_size``),
-    ``relative_decode_time`` (batch-1 per-token latency / the reference's) and
-    ``speculative`` (None, or ``c``, ``per_token_ms`` / ``draft_per_token_ms`` (lean
+    ``relative_decode_time`` (batch-1 per-token latency / the reference's),
+    ``compiled_decode``, ``greedy_sha1`` (:func:`token_digest` of the batch-1 and batched
+    outputs) and ``speculative`` (None, or ``c``, ``per_token_ms`` / ``draft_per_token_ms`` (lean
     loops), ``lean`` (medians of :data:`PLAIN_KEYS`), ``draft`` info, ``by_k``: {k: medians
     of :data:`SPEC_KEYS` + speedup, speedup_vs_transformers, bound, fraction_of_bound,
     identical}, ``best_k``, ``identical``, ``paper_faster_fraction``, ``few_row_route``).
@@ -264,8 +279,12 @@ def _entry(name: str, g: Generator, r: dict[str, list], tokens: dict[str, list],
     ref_ms = median_of(ref, ("per_token_ms",))["per_token_ms"]
     entry: dict[str, Any] = {
         "name": name, "method": g.method, "weights_mb": weight_bytes(g.model) / 2**20,
+        "weight_reads_mb": weight_reads_per_token(g.model) / 2**20,
         "prefill_ms": 1e3 * b1["prefill_s"] / n_prompts, "batch1": b1, "batched": bb,
-        "relative_decode_time": b1["per_token_ms"] / ref_ms, "speculative": None}
+        "relative_decode_time": b1["per_token_ms"] / ref_ms, "speculative": None,
+        "compiled_decode": g.compile_decode,
+        "greedy_sha1": {kind: token_digest(tokens[kind]) for kind in ("b1", "bb")
+                        if kind in tokens}}
     if "lean" not in r:
         return entry
     lean = median_of(r["lean"], PLAIN_KEYS)

@@ -67,6 +67,27 @@ def assisted_rounds(calls: list[tuple[int, int, float]], prompt_len: int,
     return [(drafted[r], lengths[r + 1] - lengths[r] - 1) for r in range(len(calls))]
 
 
+class StepClock:
+    """A ``generate`` streamer that only notes when each token arrives, for runs whose
+    forward is compiled (forward hooks registered per call would change the compiled
+    module's guards and recompile it): ``generate`` hands it the prompt before the prefill,
+    then every step's new tokens right after that step's forward and token choice.
+    :meth:`calls` returns one ``(0, -1, end time)`` per forward, as :class:`CallRecorder`
+    would (lengths unknown: plain decoding only)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def calls(self) -> list[tuple[int, int, float]]:
+        return [(0, -1, t) for t in self.times[1:]]  # the first put is the prompt
+
+
 @contextlib.contextmanager
 def quiet_transformers(quiet: bool) -> Iterator[None]:
     """Silence transformers' warnings about the assistant's own ``generate`` call (it passes
@@ -119,19 +140,26 @@ def _add_batch(sums: dict[str, float], calls: list[tuple[int, int, float]],
 
 
 def generate_batches(model: Any, draft: PreTrainedModel | None,
-                     batches: Iterable[dict[str, torch.Tensor]], kwargs: dict[str, Any],
-                     eos_ids: set[int]) -> tuple[list[list[int]], dict[str, float]]:
+                     batches: Iterable[dict[str, Any]], kwargs: dict[str, Any],
+                     eos_ids: set[int], clock: str = "hooks"
+                     ) -> tuple[list[list[int]], dict[str, float]]:
     """``model.generate(**batch, **kwargs)`` for each encoded batch (``input_ids`` /
-    ``attention_mask`` ``[batch, prompt_len]``, left-padded), with ``assistant_model=draft``
-    when a draft is given. ``model`` is a transformers causal LM (typed ``Any``:
-    ``PreTrainedModel`` does not declare ``generate``, its ``GenerationMixin`` subclasses do).
+    ``attention_mask`` ``[batch, prompt_len]``, left-padded, and optionally
+    ``generate_kwargs``: more ``generate`` arguments for that batch alone), with
+    ``assistant_model=draft`` when a draft is given. ``clock`` says how the forwards are
+    timed: ``hooks`` (:class:`CallRecorder` on the model and the draft) or ``streamer``
+    (:class:`StepClock`; plain decoding only, for compiled forwards). ``model`` is a
+    transformers causal LM (typed ``Any``: ``PreTrainedModel`` does not declare
+    ``generate``, its ``GenerationMixin`` subclasses do).
 
     Returns:
         the new token ids of every prompt in order (cut after the first of ``eos_ids``), and
         the sums: ``wall_s, prefill_s, decode_s, decode_steps, full_forwards,
         draft_forwards, rounds, drafted, accepted, rejections, batches``.
     """
-    full_rec = CallRecorder(model)
+    if clock not in ("hooks", "streamer") or (clock == "streamer" and draft is not None):
+        raise ValueError(f"clock must be 'hooks', or 'streamer' without a draft; got {clock!r}")
+    full_rec = CallRecorder(model) if clock == "hooks" else None
     draft_rec = CallRecorder(draft) if draft is not None else None
     new_ids: list[list[int]] = []
     sums = {"wall_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0,
@@ -140,20 +168,28 @@ def generate_batches(model: Any, draft: PreTrainedModel | None,
     assistant = {"assistant_model": draft} if draft is not None else {}
     try:
         for enc in batches:
-            full_rec.reset()
+            if full_rec is not None:
+                full_rec.reset()
             if draft_rec is not None:
                 draft_rec.reset()
+            enc = dict(enc)
+            extra = enc.pop("generate_kwargs", {})
+            step_clock = StepClock() if full_rec is None else None
+            streamer = {"streamer": step_clock} if step_clock is not None else {}
             t0 = time.perf_counter()
             with torch.inference_mode(), quiet_transformers(draft is not None):
-                out = model.generate(**enc, **kwargs, **assistant)
+                out = model.generate(**enc, **kwargs, **extra, **assistant, **streamer)
             t1 = time.perf_counter()
             prompt_len = enc["input_ids"].shape[1]
-            _add_batch(sums, list(full_rec.calls),
+            calls = (step_clock.calls() if step_clock is not None
+                     else list(full_rec.calls) if full_rec is not None else [])
+            _add_batch(sums, calls,
                        list(draft_rec.calls) if draft_rec is not None else None,
                        t0, t1, prompt_len, out.shape[1])
             new_ids.extend(_cut_at_eos(out[:, prompt_len:].tolist(), eos_ids))
     finally:
-        full_rec.remove()
+        if full_rec is not None:
+            full_rec.remove()
         if draft_rec is not None:
             draft_rec.remove()
     return new_ids, sums
