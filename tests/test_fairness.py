@@ -19,8 +19,8 @@ from flexigpt.methods.sharing import adapter_trainable
 from flexigpt.params import count_parameters
 from flexigpt.registry import get_method
 from flexigpt.training.config import TrainConfig, resolve_plan
-from flexigpt.training.loop import param_groups
 from flexigpt.training.losses import kd_loss
+from flexigpt.training.optim import param_groups
 from flexigpt.training.recipes import BUDGET_TOLERANCE, apply_recipe
 from flexigpt.training.tuning import best_trial, diverged_record, select_trial
 

@@ -23,7 +23,7 @@ from flexigpt.training import (
 )
 from flexigpt.training.checkpoint import checkpoint_dir
 from flexigpt.training.config import TrainPlan
-from flexigpt.training.loop import lr_factor
+from flexigpt.training.optim import lr_factor
 from flexigpt.training.outputs import LOG_COLUMNS
 from flexigpt.training.recipes import apply_recipe
 

@@ -33,6 +33,7 @@ from flexigpt.training.config import TrainConfig, TrainPlan
 from flexigpt.training.data import WindowStream
 from flexigpt.training.losses import causal_lm_loss, kd_loss
 from flexigpt.training.memo import start_key
+from flexigpt.training.optim import lr_factor, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -67,40 +68,6 @@ def train_device(spec: str) -> str:
 def bf16_enabled(mode: str, device: torch.device) -> bool:
     """Resolve ``TrainConfig.bf16`` (auto: :func:`flexigpt.precision.native_bf16`)."""
     return native_bf16(device) if mode == "auto" else mode == "on"
-
-
-def lr_factor(cfg: TrainConfig, steps: int) -> Callable[[int], float]:
-    """LR multiplier of optimizer step ``i`` (0-based): linear warm-up, then cosine."""
-    warm = min(cfg.warmup_steps(steps), steps)
-
-    def factor(i: int) -> float:
-        if i < warm:
-            return (i + 1) / warm
-        if cfg.schedule == "constant":
-            return 1.0
-        t = min(1.0, (i - warm) / max(1, steps - warm - 1))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-    return factor
-
-
-def param_groups(model: nn.Module, cfg: TrainConfig, plan: TrainPlan) -> list[dict]:
-    """AdamW groups: ≥2-D tensors with weight decay; 1-D without; the output-norm γ's
-    (parameters named ``gamma``) in their own group at ``plan.gamma_lr``."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    gammas = [p for n, p in named if n.rsplit(".", 1)[-1] == "gamma"]
-    ids = {id(p) for p in gammas}
-    decay = [p for _, p in named if p.ndim >= 2 and id(p) not in ids]
-    rest = [p for _, p in named if p.ndim < 2 and id(p) not in ids]
-    groups = ({"params": decay, "weight_decay": cfg.weight_decay, "name": "decay"},
-              {"params": rest, "weight_decay": 0.0, "name": "no_decay"},
-              {"params": gammas, "weight_decay": 0.0, "lr": plan.gamma_lr, "name": "gamma"})
-    return [g for g in groups if g["params"]]
-
-
-def _optimizer(model: nn.Module, cfg: TrainConfig, plan: TrainPlan) -> torch.optim.AdamW:
-    return torch.optim.AdamW(param_groups(model, cfg, plan), lr=plan.lr, betas=cfg.betas,
-                             eps=1e-8)
 
 
 def run_loop(model: nn.Module, stream: WindowStream, val_windows: torch.Tensor | None,
@@ -214,7 +181,7 @@ def _setup(accelerator: Any, model: nn.Module, stream: WindowStream,
         if teacher is None:
             raise ValueError("loss 'kd' needs a teacher model")
         teacher.to(accelerator.device).eval().requires_grad_(False)
-    optimizer = _optimizer(model, cfg, plan)
+    optimizer = make_optimizer(model, cfg, plan)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps))
     state = load_checkpoint(ckpt, model, optimizer, scheduler, digest) or TrainState()
     last = _last_step(state, steps, stop_step, ckpt)
