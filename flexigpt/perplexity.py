@@ -103,4 +103,3 @@ def _token_nlls(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([nn.functional.cross_entropy(logits[i, :-1].float(), ids[i, 1:],
                                                   reduction="none")
                       for i in range(ids.shape[0])])
-

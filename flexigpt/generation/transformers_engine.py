@@ -72,8 +72,8 @@ class StepClock:
     forward is compiled (forward hooks registered per call would change the compiled
     module's guards and recompile it): ``generate`` hands it the prompt before the prefill,
     then every step's new tokens right after that step's forward and token choice.
-    :meth:`calls` returns one ``(0, -1, end time)`` per forward, as :class:`CallRecorder`
-    would (lengths unknown: plain decoding only)."""
+    Same surface as :class:`CallRecorder`: :attr:`calls` holds one ``(0, -1, end time)`` per
+    forward (lengths unknown: plain decoding only)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
@@ -84,8 +84,15 @@ class StepClock:
     def end(self) -> None:
         pass
 
+    @property
     def calls(self) -> list[tuple[int, int, float]]:
         return [(0, -1, t) for t in self.times[1:]]  # the first put is the prompt
+
+    def reset(self) -> None:
+        self.times.clear()
+
+    def remove(self) -> None:
+        pass
 
 
 @contextlib.contextmanager
@@ -159,7 +166,8 @@ def generate_batches(model: Any, draft: PreTrainedModel | None,
     """
     if clock not in ("hooks", "streamer") or (clock == "streamer" and draft is not None):
         raise ValueError(f"clock must be 'hooks', or 'streamer' without a draft; got {clock!r}")
-    full_rec = CallRecorder(model) if clock == "hooks" else None
+    full_rec = CallRecorder(model) if clock == "hooks" else StepClock()
+    streamer = {"streamer": full_rec} if isinstance(full_rec, StepClock) else {}
     draft_rec = CallRecorder(draft) if draft is not None else None
     new_ids: list[list[int]] = []
     sums = {"wall_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0,
@@ -168,28 +176,22 @@ def generate_batches(model: Any, draft: PreTrainedModel | None,
     assistant = {"assistant_model": draft} if draft is not None else {}
     try:
         for enc in batches:
-            if full_rec is not None:
-                full_rec.reset()
+            full_rec.reset()
             if draft_rec is not None:
                 draft_rec.reset()
             enc = dict(enc)
             extra = enc.pop("generate_kwargs", {})
-            step_clock = StepClock() if full_rec is None else None
-            streamer = {"streamer": step_clock} if step_clock is not None else {}
             t0 = time.perf_counter()
             with torch.inference_mode(), quiet_transformers(draft is not None):
                 out = model.generate(**enc, **kwargs, **extra, **assistant, **streamer)
             t1 = time.perf_counter()
             prompt_len = enc["input_ids"].shape[1]
-            calls = (step_clock.calls() if step_clock is not None
-                     else list(full_rec.calls) if full_rec is not None else [])
-            _add_batch(sums, calls,
+            _add_batch(sums, list(full_rec.calls),
                        list(draft_rec.calls) if draft_rec is not None else None,
                        t0, t1, prompt_len, out.shape[1])
             new_ids.extend(_cut_at_eos(out[:, prompt_len:].tolist(), eos_ids))
     finally:
-        if full_rec is not None:
-            full_rec.remove()
+        full_rec.remove()
         if draft_rec is not None:
             draft_rec.remove()
     return new_ids, sums
