@@ -113,14 +113,27 @@ def macs_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
 RECIPE = {"flexigpt": "flexigpt", "shortgpt": "lora"}
 
 
-def ensure_compressed(method: str, model: str, text: str, ratio: float, out: Path) -> Path:
+def ensure_compressed(method: str, model: str, text: str, ratio: float, out: Path,
+                      policy: str = "paper", match_ratio: float | None = None) -> Path:
+    """``model`` compressed by ``method`` at ``ratio`` into ``out`` (kept: reused when there).
+    ``policy``: the block-count rule (``paper``: int(ratio · L); ``matched``: the count whose
+    achieved ratio is nearest the target, ``match_ratio`` for a like-for-like baseline)."""
     if not (out / "manifest.json").is_file():
         from flexigpt.api import compress
 
-        log.info("compressing %s with %s at %.2f -> %s", model, method, ratio, out)
-        compress(method, model, out, options={"ratio": ratio}, calibration=text,
+        options: dict[str, Any] = {"ratio": ratio, "policy": policy}
+        if match_ratio is not None:
+            options["match_ratio"] = match_ratio
+        log.info("compressing %s with %s at %.2f (%s) -> %s", model, method, ratio, options, out)
+        compress(method, model, out, options=options, calibration=text,
                  n_calibration=64, calibration_seq_len=256)
     return out
+
+
+def achieved_ratio(model_dir: Path) -> float:
+    """The achieved compression ratio recorded in a compressed model's manifest."""
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    return float(manifest["parameters"]["achieved_ratio"])
 
 
 def measure(model_dir: Path, text: str, cfg: TrainConfig, steps: int, warmup: int,
@@ -180,8 +193,12 @@ def main() -> int:
     p.add_argument("--methods", nargs="+", default=["flexigpt"], choices=sorted(RECIPE),
                    help="recovery recipes measured, interleaved per variant (shortgpt: "
                         "ShortGPT + LoRA at FlexiGPT's trainable count)")
-    p.add_argument("--compressed", default="results/bench/smollm2-135m-{method}-{ratio}",
-                   help="where each compressed model is kept ({method}, {ratio} filled in)")
+    p.add_argument("--policy", choices=("paper", "matched"), default="paper",
+                   help="block count (paper: int(ratio * L), 9 of 30 blocks at 0.3; matched: "
+                        "Table 1's and the budget ladder's, FlexiGPT 13 replaced and ShortGPT "
+                        "+ LoRA at FlexiGPT's achieved ratio)")
+    p.add_argument("--compressed", default="results/bench/smollm2-135m-{method}-{ratio}-{policy}",
+                   help="where each compressed model is kept ({method}, {ratio}, {policy} filled in)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--variants", default="on:4,on:8,off:4",
                    help="comma-separated BF16:MICRO_BATCH[:compile], BF16 in auto|on|off")
@@ -206,9 +223,13 @@ def main() -> int:
     log.info("matmul peak: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s",
              peak["fp32"] / 1e9, peak["bf16"] / 1e9)
     methods = sorted(args.methods, key=lambda m: m != "flexigpt")  # FlexiGPT sets the budget
-    dirs = {m: ensure_compressed(m, args.model, args.text, args.ratio,
-                                 Path(args.compressed.format(method=m, ratio=args.ratio)))
-            for m in methods}
+    dirs: dict[str, Path] = {}
+    for m in methods:  # FlexiGPT first: under matched, ShortGPT matches its achieved ratio
+        match = (achieved_ratio(dirs["flexigpt"])
+                 if args.policy == "matched" and m != "flexigpt" and "flexigpt" in dirs else None)
+        dirs[m] = ensure_compressed(m, args.model, args.text, args.ratio, Path(
+            args.compressed.format(method=m, ratio=args.ratio, policy=args.policy)),
+            args.policy, match)
     budget: int | None = None  # FlexiGPT's trainable count, which ShortGPT + LoRA matches
     results: list[dict] = []
     out = write(args, peak, results)
@@ -256,7 +277,7 @@ def run_variant(args: argparse.Namespace, v: dict[str, Any], method: str, model_
 
 
 def write(args: argparse.Namespace, peak: dict, results: list) -> dict:
-    out = {"cpu": cpu_name(), "threads": args.threads, "load_average": os.getloadavg(), "seq_len": args.seq_len,
+    out = {"cpu": cpu_name(), "threads": args.threads, "policy": args.policy, "load_average": os.getloadavg(), "seq_len": args.seq_len,
            "peak_flops": peak, "formula": "frozen base + adapters: 2*(M+A) + 2*(M_b+A_b) + 2*M_lora "
            "FLOP/token (M linear MACs/token, A attention MACs/token, _b: from the first "
            "trainable block on)", "variants": results}
