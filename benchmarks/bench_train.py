@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flexigpt import memory  # noqa: E402
-from flexigpt.artifacts import load_compressed  # noqa: E402
+from flexigpt.artifacts import load_compressed, read_manifest  # noqa: E402
 from flexigpt.calibration import token_windows  # noqa: E402
 from flexigpt.generation.measure import PeakRSS  # noqa: E402
 from flexigpt.methods.lora import is_wrapper  # noqa: E402
@@ -132,8 +132,7 @@ def ensure_compressed(method: str, model: str, text: str, ratio: float, out: Pat
 
 def achieved_ratio(model_dir: Path) -> float:
     """The achieved compression ratio recorded in a compressed model's manifest."""
-    manifest = json.loads((model_dir / "manifest.json").read_text())
-    return float(manifest["parameters"]["achieved_ratio"])
+    return float(read_manifest(model_dir).parameters.achieved_ratio)
 
 
 def measure(model_dir: Path, text: str, cfg: TrainConfig, steps: int, warmup: int,

@@ -13,11 +13,22 @@ Llama shapes (``--shapes``, those of ``bench_scaling.py``), one process, nothing
    ``matched``, one Block Influence pass shared by both solvers) with ``svd: exact`` and
    ``svd: randomized``: identical pruned blocks and base maps?, the largest relative
    difference of the block distances, and the stage times.
+4. **Margins** (is a base choice decided at all?): for each pruned block of the exact run,
+   the exact distances' *margin* (second best / best − 1) and *range* (worst / best − 1) over
+   the candidates, against the randomized truncations' distance errors before any recheck
+   (mean, standard deviation over the candidates, max) and their argmin; and the relative
+   spectral gap ``σ_r / σ_{r+1} − 1`` of each linear of block 0. For the real model at each
+   ratio, and (``--margin-shapes``) for random-weight shapes at ``--margin-ratio`` with
+   ``bench_scaling.py``'s calibration tokens and policy: a margin below the randomized
+   errors' spread is a close call the exact recheck must settle; a margin near the float32
+   rounding of the distances (~1e-6) is a tie that no solver decides.
 
-Prints a table and writes ``--out`` (JSON). Example::
+Prints a table and writes ``--out`` (JSON). Examples::
 
     .venv/bin/python benchmarks/bench_truncated_svd.py --threads 2 \\
         --out results/reference/scaling/bench_truncated_svd.json --shapes tinyllama-1.1b
+    .venv/bin/python benchmarks/bench_truncated_svd.py --threads 2 \\
+        --margin-shapes tinyllama-1.1b --out results/reference/scaling/svd_margins.json
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flexigpt.calibration import token_windows  # noqa: E402
-from flexigpt.methods.base_selection import truncations  # noqa: E402
+from flexigpt.methods.base_selection import candidate_distances, truncations  # noqa: E402
 from flexigpt.methods.surgery import default_rank  # noqa: E402
 from flexigpt.methods.truncated_svd import top_svd  # noqa: E402
 from flexigpt.models.adapters import get_adapter  # noqa: E402
@@ -86,6 +97,62 @@ def matrix_figures(model: torch.nn.Module, label: str) -> list[dict[str, Any]]:
     return rows
 
 
+def margins(model: torch.nn.Module, info: dict[str, Any], label: str) -> dict[str, Any]:
+    """Step 4 for one exact FlexiGPT run (``info``: its compression info, on a copy of
+    ``model``): per pruned block the exact margin and range, the randomized distances'
+    relative errors before any recheck and their argmin, and block 0's spectral gaps."""
+    adapter = get_adapter(model)
+    blocks = adapter.layers(model)
+    pruned = info["pruned_blocks"]
+    candidates = [j for j in range(len(blocks)) if j not in pruned]
+    ranks = info["distance_ranks"]
+    approx, _ = candidate_distances(blocks, adapter, pruned, candidates, ranks,
+                                    solver="randomized", progress=False)
+    exact = torch.tensor([[info["distance_matrix"][i][j] for j in candidates] for i in pruned],
+                         dtype=torch.float64)
+    rows = []
+    for row, i in enumerate(pruned):
+        e, a = exact[row], approx[row]
+        ordered = e.sort().values
+        err = (a - e) / e
+        rows.append({"block": i, "exact_base": candidates[int(e.argmin())],
+                     "randomized_base": candidates[int(a.argmin())],
+                     "margin": float(ordered[1] / ordered[0] - 1),
+                     "range": float(ordered[-1] / ordered[0] - 1),
+                     "error_mean": float(err.mean()), "error_sd": float(err.std()),
+                     "error_max": float(err.abs().max())})
+    gaps = {}
+    for name, lin in adapter.block_linears(blocks[0]).items():
+        s = torch.linalg.svdvals(lin.weight.detach().float())
+        gaps[name] = float(s[ranks[name] - 1] / s[ranks[name]] - 1)
+    margin = sorted(r["margin"] for r in rows)
+    sd = sorted(r["error_sd"] for r in rows)
+    agree = sum(r["exact_base"] == r["randomized_base"] for r in rows)
+    print(f"{label:>16} margins: min {margin[0]:.1e}, median {margin[len(margin) // 2]:.1e}; "
+          f"randomized error sd median {sd[len(sd) // 2]:.1e}; argmin agrees on {agree} of "
+          f"{len(rows)} before the recheck; spectral gaps "
+          f"{ {k: f'{v:.1e}' for k, v in gaps.items()} }", flush=True)
+    return {"model": label, "pruned_blocks": pruned, "rows": rows, "spectral_gap": gaps,
+            "randomized_argmin_agrees": agree}
+
+
+def shape_margins(shape: str, ratio: float) -> dict[str, Any]:
+    """Step 4 on a random-weight ``shape`` with ``bench_scaling.py``'s calibration tokens and
+    FlexiGPT's default policy (the pruned blocks of its ``--svd exact`` run)."""
+    import copy
+
+    from bench_scaling import SHAPES, random_model
+
+    from flexigpt.methods.prune import FlexiGPTConfig, compress
+
+    model = random_model(shape, 0)
+    calib = torch.randint(SHAPES[shape][5], (4, 256), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        info = compress(copy.deepcopy(model), None, calib,
+                        FlexiGPTConfig(ratio=ratio, svd="exact")).info
+    return {"ratio": ratio, **margins(model, info, shape)}
+
+
 def choices(model: torch.nn.Module, calib: torch.Tensor, ratios: list[float]) -> list[dict]:
     """Step 3: FlexiGPT's choices with each solver at each ratio."""
     import copy
@@ -111,7 +178,8 @@ def choices(model: torch.nn.Module, calib: torch.Tensor, ratios: list[float]) ->
                "same_bases": runs["exact"]["base_map"] == runs["randomized"]["base_map"],
                "max_rel_distance_diff": float(rel),  # rechecked entries are exact
                "rechecked": runs["randomized"].get("svd_rechecked", {}),
-               "timings": {s: runs[s]["timings"] for s in SOLVERS}}
+               "timings": {s: runs[s]["timings"] for s in SOLVERS},
+               "margins": margins(model, runs["exact"], f"ratio {ratio}")}
         out.append(row)
         print(f"ratio {ratio}: same bases {row['same_bases']}, max rel. distance diff "
               f"{row['max_rel_distance_diff']:.2e}, rechecked {row['rechecked']}, timings "
@@ -128,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ratios", type=float, nargs="+", default=[0.3, 0.4])
     p.add_argument("--shapes", nargs="*", default=[],
                    help="random-weight Llama shapes of bench_scaling.py (e.g. tinyllama-1.1b)")
+    p.add_argument("--margin-shapes", nargs="*", default=[],
+                   help="random-weight shapes for step 4 only (margins of the base choices)")
+    p.add_argument("--margin-ratio", type=float, default=0.3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--out", default="results/bench/bench_truncated_svd.json")
     args = p.parse_args(argv)
@@ -138,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
 
     figures: dict[str, Any] = {"threads": args.threads, "cpu": cpu_name(),
                                "load_average_start": os.getloadavg(),
-                               "args": vars(args), "matrices": [], "choices": []}
+                               "args": vars(args), "matrices": [], "choices": [],
+                               "shape_margins": []}
     model, tokenizer = load_model(args.model)
     model.eval()
     figures["matrices"] += matrix_figures(model, Path(args.model).name)
@@ -147,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     del model
     for shape in args.shapes:
         figures["matrices"] += matrix_figures(random_model(shape, 0), shape)
+    for shape in args.margin_shapes:
+        figures["shape_margins"].append(shape_margins(shape, args.margin_ratio))
     figures["load_average_end"] = os.getloadavg()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

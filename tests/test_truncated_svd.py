@@ -142,3 +142,49 @@ def test_close_calls_of_a_randomized_truncation_are_rechecked_exactly(margin, mo
     for i in pruned:  # the rechecked distances are the exact solver's to fp rounding
         torch.testing.assert_close(approx.distances[i], exact.distances[i], equal_nan=True,
                                    rtol=1e-6, atol=1e-9)
+
+
+def _bench_truncated_svd():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_truncated_svd.py"
+    spec = importlib.util.spec_from_file_location("bench_truncated_svd", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_margins_of_decided_choices():
+    """bench_truncated_svd's step 4 on near copies (blocks 1 and 4 of 0 and 5): the exact
+    margins are wide, the randomized distances (no recheck) choose the same bases, and the
+    distances it compares against are those of the exact run, entry for entry."""
+    from flexigpt.methods.base_selection import candidate_distances
+    from flexigpt.models.adapters import get_adapter
+
+    model = make_model(layers=6, kv_heads=2)
+    adapter = get_adapter(model)
+    blocks = adapter.layers(model)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for copy_, source in ((1, 0), (4, 5)):
+            for name, lin in adapter.block_linears(blocks[copy_]).items():
+                src = adapter.block_linears(blocks[source])[name].weight
+                lin.weight.copy_(src + 1e-3 * torch.randn(src.shape, generator=g))
+    cfg = FlexiGPTConfig(ratio=0.34, policy="paper", svd="exact", rank=4,
+                         bi_scores=[1.0, 0.1, 1.0, 1.0, 0.1, 1.0])
+    with torch.no_grad():
+        info = compress(copy.deepcopy(model), None, None, cfg).info
+    out = _bench_truncated_svd().margins(model, info, "tiny")
+    assert out["pruned_blocks"] == [1, 4]
+    assert [(r["exact_base"], r["randomized_base"]) for r in out["rows"]] == [(0, 0), (5, 5)]
+    assert out["randomized_argmin_agrees"] == 2
+    for r in out["rows"]:
+        assert r["margin"] > 1.0 and r["range"] >= r["margin"]  # a near copy is far closer
+        assert r["error_max"] < r["margin"]
+    assert set(out["spectral_gap"]) == set(adapter.linear_names())
+    exact, _ = candidate_distances(blocks, adapter, [1, 4], [0, 2, 3, 5], info["distance_ranks"],
+                                   progress=False)
+    assert exact.tolist() == [[info["distance_matrix"][i][j] for j in (0, 2, 3, 5)]
+                              for i in (1, 4)]

@@ -148,12 +148,46 @@ def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
         raise ValueError(f"base selection needs pruned blocks and unpruned candidates; got "
                          f"pruned={pruned} of {n} blocks")
     dist = torch.full((n, n), float("nan"), dtype=torch.float64)
-    total = torch.zeros(len(pruned), len(candidates), dtype=torch.float64)
     timings = {"truncation": 0.0, "distances": 0.0}
+    total, approximate = candidate_distances(blocks, adapter, pruned, candidates, ranks, metric,
+                                             svd_dtype, progress, solver, timings)
     cand = torch.tensor(candidates)
-    names = adapter.linear_names()
+    for row, i in enumerate(pruned):
+        dist[i, cand] = total[row]
+    base_map = {i: candidates[int(torch.argmin(total[row]))] for row, i in enumerate(pruned)}
+    rechecked: dict[int, list[int]] = {}
+    if approximate:
+        t0 = time.perf_counter()
+        rechecked = _recheck_close_calls(blocks, adapter, pruned, candidates, total, ranks,
+                                         svd_dtype, dist, base_map)
+        timings["recheck"] = time.perf_counter() - t0
+    log.info("base map (pruned -> base): %s", base_map)
+    return BaseSelection(distances=dist, base_map=base_map,
+                         timings={k: round(v, 4) for k, v in timings.items()},
+                         rechecked=rechecked)
+
+
+@torch.no_grad()
+def candidate_distances(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
+                        pruned: list[int], candidates: list[int], ranks: dict[str, int],
+                        metric: str = "lowrank", svd_dtype: torch.dtype = torch.float32,
+                        progress: bool = True, solver: str = "exact",
+                        timings: dict[str, float] | None = None) -> tuple[torch.Tensor, bool]:
+    """Block distances (the per-matrix distances of ``metric`` summed over the linears) of
+    every pruned block to every candidate, before any recheck.
+
+    Returns:
+        ``[len(pruned), len(candidates)]`` float64 distances (rows and columns in the given
+        orders), and whether a truncation was randomized (the ``lowrank`` distances are then
+        approximate; :func:`select_bases` rechecks the close calls exactly). Seconds are added
+        to ``timings["truncation"]`` / ``timings["distances"]`` when ``timings`` is given.
+    """
+    timings = {"truncation": 0.0, "distances": 0.0} if timings is None else timings
+    total = torch.zeros(len(pruned), len(candidates), dtype=torch.float64)
+    cand = torch.tensor(candidates)
     approximate = False
-    for name in tqdm(names, desc=f"base selection ({metric})", disable=not progress):
+    for name in tqdm(adapter.linear_names(), desc=f"base selection ({metric})",
+                     disable=not progress):
         weights = _stack(blocks, adapter, name)
         rank = ranks[name]
         if metric == "lowrank":
@@ -174,19 +208,7 @@ def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
                     d = torch.linalg.matrix_norm(w[i] - w[cand])
                 total[row] += d.double()
         timings["distances"] += time.perf_counter() - t0
-    for row, i in enumerate(pruned):
-        dist[i, cand] = total[row]
-    base_map = {i: candidates[int(torch.argmin(total[row]))] for row, i in enumerate(pruned)}
-    rechecked: dict[int, list[int]] = {}
-    if approximate:
-        t0 = time.perf_counter()
-        rechecked = _recheck_close_calls(blocks, adapter, pruned, candidates, total, ranks,
-                                         svd_dtype, dist, base_map)
-        timings["recheck"] = time.perf_counter() - t0
-    log.info("base map (pruned -> base): %s", base_map)
-    return BaseSelection(distances=dist, base_map=base_map,
-                         timings={k: round(v, 4) for k, v in timings.items()},
-                         rechecked=rechecked)
+    return total, approximate
 
 
 def _stack(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter, name: str,

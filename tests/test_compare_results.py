@@ -1,0 +1,60 @@
+"""benchmarks/compare_results.py: the paired A − B intervals of two committed reference results
+are those of the reference tables' comparisons.csv (same engine), and unpaired runs are refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / "results" / "reference" / "smollm2-135m"
+RUNS = REF / "inputs" / "results" / "smollm2-135m"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("compare_results",
+                                                  ROOT / "benchmarks" / "compare_results.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_equals_the_reference_comparison(tmp_path):
+    a = RUNS / "flexigpt" / "default" / "r0.3" / "eval_final.json"
+    b = RUNS / "shortgpt_lora" / "default" / "r0.3" / "eval_final.json"
+    module = _load()
+    assert module.main([str(a), str(b), "--out", str(tmp_path / "d.json")]) == 0
+    out = json.loads((tmp_path / "d.json").read_text())
+    table = pd.read_csv(REF / "comparisons.csv")
+    rows = table[(table.method == "flexigpt") & (table.variant == "default")
+                 & (table.ratio == 0.3) & (table.baseline.str.startswith("shortgpt_lora"))]
+    assert len(rows) == 7  # log-PPL, five tasks, the average
+    for _, row in rows.iterrows():
+        iv = (out["diff"]["log_ppl"] if row.metric == "log_ppl" else out["diff"]["average"]
+              if row.metric == "avg" else out["diff"]["tasks"][row.metric])
+        for key, col in (("estimate", "estimate"), ("low", "ci_low"), ("high", "ci_high")):
+            assert iv[key] == pytest.approx(row[col], abs=6e-5), (row.metric, key)
+        assert iv["n"] == row.n
+
+
+def test_unpaired_runs_are_refused_and_missing_records_named():
+    """The thorough run scored 1,000 documents per task, the default run 100: no pairing."""
+    from flexigpt.stats import PairingError
+
+    module = _load()
+    a = RUNS / "flexigpt" / "default" / "r0.3" / "eval_final.json"
+    thorough = (ROOT / "results" / "reference" / "smollm2-135m-thorough" / "inputs" / "results"
+                / "smollm2-135m-thorough" / "flexigpt" / "default" / "r0.3" / "eval_final.json")
+    with pytest.raises(PairingError, match="doc ids differ"):
+        module.compare(thorough, a)
+    start = RUNS / "flexigpt" / "default" / "r0.3" / "eval_start.json"  # PPL windows only
+    out = module.compare(a, start)
+    assert out["diff"]["average"] is None and out["diff"]["tasks"] == {}
+    assert out["diff"]["log_ppl"]["n"] == 16
+    with pytest.raises(FileNotFoundError):
+        module.compare(a, RUNS / "missing" / "eval_final.json")
