@@ -58,3 +58,14 @@ def test_unpaired_runs_are_refused_and_missing_records_named():
     assert out["diff"]["log_ppl"]["n"] == 16
     with pytest.raises(FileNotFoundError):
         module.compare(a, RUNS / "missing" / "eval_final.json")
+
+
+@pytest.mark.parametrize("ratio", ["r0.3", "r0.4"])
+@pytest.mark.parametrize("stage", ["eval_start", "eval_final"])
+def test_committed_solver_comparison_rebuilds(ratio, stage):
+    """results/reference/smollm2-135m-svd-randomized: every committed comparison (randomized
+    vs exact SVD, FlexiGPT on SmolLM2) is what the committed records give."""
+    folder = ROOT / "results" / "reference" / "smollm2-135m-svd-randomized"
+    committed = json.loads((folder / f"compare_{ratio}_{stage}.json").read_text())
+    out = _load().compare(Path(committed["a"]), Path(committed["b"]))
+    assert json.loads(json.dumps(out)) == committed
