@@ -67,5 +67,6 @@ def test_committed_solver_comparison_rebuilds(ratio, stage):
     vs exact SVD, FlexiGPT on SmolLM2) is what the committed records give."""
     folder = ROOT / "results" / "reference" / "smollm2-135m-svd-randomized"
     committed = json.loads((folder / f"compare_{ratio}_{stage}.json").read_text())
-    out = _load().compare(Path(committed["a"]), Path(committed["b"]))
+    out = _load().compare(ROOT / committed["a"], ROOT / committed["b"])
+    out["a"], out["b"] = committed["a"], committed["b"]  # the paths as given, from the root
     assert json.loads(json.dumps(out)) == committed
