@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import runpy
@@ -15,6 +16,15 @@ from flexigpt.resources.wiki import build_wiki_text
 
 WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "are", "were", "be", "this", "which", "an", "it", "or", "had", "first", "new", "after", "also", "time", "year", "city", "river", "king", "war", "world", "part", "music", "film", "game", "team", "state", "people", "church", "school", "water", "system", "large", "small", "early", "north", "south", "famous", "history", "modern", "language", "island", "empire", "science"]
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_benchmark(name: str):
+    """The module ``benchmarks/<name>.py`` (benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def without_keys(value, keys):

@@ -3,13 +3,12 @@ models (Dynamo's ``eager`` backend: the protocol, not Inductor, is under test)."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model, manifest_for
+from conftest import load_benchmark, make_model, manifest_for
 from test_generation import PROMPTS, flexi
 
 from flexigpt.export.publish import publish_compressed as save_compressed
@@ -18,12 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_decode_paired",
-                                                  ROOT / "benchmarks" / "bench_decode_paired.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_decode_paired")
 
 
 def test_paired_ratio():

@@ -3,11 +3,11 @@ bench_train JSON, the floor = FLOP ÷ (cores × peak per thread), and the same a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET_RECORDS = (ROOT / "results/reference/smollm2-135m-budget/inputs/results"
@@ -15,11 +15,7 @@ BUDGET_RECORDS = (ROOT / "results/reference/smollm2-135m-budget/inputs/results"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("budget_bound",
-                                                  ROOT / "benchmarks" / "budget_bound.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("budget_bound")
 
 
 def _selection(root: Path, job: str, tokens: list[int]) -> None:

@@ -3,12 +3,12 @@ are those of the reference tables' comparisons.csv (same engine), and unpaired r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / "results" / "reference" / "smollm2-135m"
@@ -16,12 +16,7 @@ RUNS = REF / "inputs" / "results" / "smollm2-135m"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("compare_results",
-                                                  ROOT / "benchmarks" / "compare_results.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("compare_results")
 
 
 def test_equals_the_reference_comparison(tmp_path):

@@ -5,13 +5,12 @@ CLI and the decode benchmark on tiny models."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model, manifest_for, perturb_adapters
+from conftest import load_benchmark, make_model, manifest_for, perturb_adapters
 
 from flexigpt.artifacts import LoadedModel
 from flexigpt.cli import main as cli_main
@@ -417,10 +416,7 @@ def test_cli_generate_on_saved_model(saved_dirs, tmp_path, capsys):
 
 
 def test_bench_decode_quick(saved_dirs, tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_decode",
-                                                  ROOT / "benchmarks" / "bench_decode.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("bench_decode")
     flexi_dir, dense_dir = saved_dirs
     prompts_file = tmp_path / "p.txt"
     prompts_file.write_text("\n".join(PROMPTS) + "\n")

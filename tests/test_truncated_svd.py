@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import load_benchmark, make_model
 
 from flexigpt.methods.base_selection import truncations
 from flexigpt.methods.prune import FlexiGPTConfig, compress
@@ -84,10 +84,8 @@ def test_truncations_exact_unchanged_and_randomized_close():
     assert torch.allclose(us_r @ v_r.mT, us @ v.mT, atol=1e-5)
 
 
-def test_flexigpt_choices_and_init_do_not_depend_on_the_solver():
-    """Blocks 1 and 4 are near copies of blocks 0 and 5 and have the lowest Block Influence:
-    both solvers must choose those bases (random weights have flat spectra, where nothing
-    else separates the candidates) and give close SVD-init residuals."""
+def near_copies() -> torch.nn.Module:
+    """A 6-block random model whose blocks 1 and 4 are near copies of blocks 0 and 5."""
     from flexigpt.models.adapters import get_adapter
 
     model = make_model(layers=6, kv_heads=2)
@@ -99,6 +97,14 @@ def test_flexigpt_choices_and_init_do_not_depend_on_the_solver():
             for name, lin in adapter.block_linears(blocks[copy_]).items():
                 src = adapter.block_linears(blocks[source])[name].weight
                 lin.weight.copy_(src + 1e-3 * torch.randn(src.shape, generator=g))
+    return model
+
+
+def test_flexigpt_choices_and_init_do_not_depend_on_the_solver():
+    """Blocks 1 and 4 are near copies of blocks 0 and 5 and have the lowest Block Influence:
+    both solvers must choose those bases (random weights have flat spectra, where nothing
+    else separates the candidates) and give close SVD-init residuals."""
+    model = near_copies()
     calib = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
     results = {}
     for solver in ("exact", "randomized"):
@@ -144,18 +150,6 @@ def test_close_calls_of_a_randomized_truncation_are_rechecked_exactly(margin, mo
                                    rtol=1e-6, atol=1e-9)
 
 
-def _bench_truncated_svd():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_truncated_svd.py"
-    spec = importlib.util.spec_from_file_location("bench_truncated_svd", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_margins_of_decided_choices():
     """bench_truncated_svd's step 4 on near copies (blocks 1 and 4 of 0 and 5): the exact
     margins are wide, the randomized distances (no recheck) choose the same bases, and the
@@ -163,20 +157,14 @@ def test_margins_of_decided_choices():
     from flexigpt.methods.base_selection import candidate_distances
     from flexigpt.models.adapters import get_adapter
 
-    model = make_model(layers=6, kv_heads=2)
+    model = near_copies()
     adapter = get_adapter(model)
     blocks = adapter.layers(model)
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for copy_, source in ((1, 0), (4, 5)):
-            for name, lin in adapter.block_linears(blocks[copy_]).items():
-                src = adapter.block_linears(blocks[source])[name].weight
-                lin.weight.copy_(src + 1e-3 * torch.randn(src.shape, generator=g))
     cfg = FlexiGPTConfig(ratio=0.34, policy="paper", svd="exact", rank=4,
                          bi_scores=[1.0, 0.1, 1.0, 1.0, 0.1, 1.0])
     with torch.no_grad():
         info = compress(copy.deepcopy(model), None, None, cfg).info
-    out = _bench_truncated_svd().margins(model, info, "tiny")
+    out = load_benchmark("bench_truncated_svd").margins(model, info, "tiny")
     assert out["pruned_blocks"] == [1, 4]
     assert [(r["exact_base"], r["randomized_base"]) for r in out["rows"]] == [(0, 0), (5, 5)]
     assert out["randomized_argmin_agrees"] == 2
