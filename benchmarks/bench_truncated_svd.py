@@ -121,17 +121,18 @@ def margins(model: torch.nn.Module, info: dict[str, Any], label: str) -> dict[st
                      "range": float(ordered[-1] / ordered[0] - 1),
                      "error_mean": float(err.mean()), "error_sd": float(err.std()),
                      "error_max": float(err.abs().max())})
-    gaps = {}
+    gaps: dict[str, float | None] = {}
     for name, lin in adapter.block_linears(blocks[0]).items():
         s = torch.linalg.svdvals(lin.weight.detach().float())
-        gaps[name] = float(s[ranks[name] - 1] / s[ranks[name]] - 1)
+        r = ranks[name]  # None: the truncation keeps every singular value, no gap
+        gaps[name] = float(s[r - 1] / s[r] - 1) if r < len(s) else None
     margin = sorted(r["margin"] for r in rows)
     sd = sorted(r["error_sd"] for r in rows)
     agree = sum(r["exact_base"] == r["randomized_base"] for r in rows)
     print(f"{label:>16} margins: min {margin[0]:.1e}, median {margin[len(margin) // 2]:.1e}; "
           f"randomized error sd median {sd[len(sd) // 2]:.1e}; argmin agrees on {agree} of "
           f"{len(rows)} before the recheck; spectral gaps "
-          f"{ {k: f'{v:.1e}' for k, v in gaps.items()} }", flush=True)
+          f"{ {k: None if v is None else f'{v:.1e}' for k, v in gaps.items()} }", flush=True)
     return {"model": label, "pruned_blocks": pruned, "rows": rows, "spectral_gap": gaps,
             "randomized_argmin_agrees": agree}
 
