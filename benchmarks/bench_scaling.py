@@ -142,8 +142,8 @@ def flexigpt_stages(model: torch.nn.Module, calib: torch.Tensor, ratio: float, r
         result, fig = measure(lambda: compress(work, None, calib, cfg))
     t = result.info["timings"]
     stages = {name: {"wall_s": t[name]} for name in
-              ("block_influence", "truncation", "distances", "recheck", "surgery_init")
-              if name in t}  # recheck: close calls of a randomized truncation (svd auto)
+              ("block_influence", "probe", "truncation", "distances", "recheck", "surgery_init")
+              if name in t}  # probe / recheck: svd auto's flatness probe / close calls
     stages["flexigpt_total"] = fig
     return result.model, result.info, stages
 
@@ -235,6 +235,7 @@ def measure_size(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     row["flexigpt"] = {"pruned_blocks": info["pruned_blocks"], "k": info["k"],
                        "base_map": info["base_map"], "svd": args.svd,
                        "rechecked": info.get("svd_rechecked", {}),
+                       "flat_fallback": info.get("svd_flat_fallback", False),
                        "trainable": info["recovery"].get("trainable_params")}
     log.info("%s flexigpt %s", shape, stages)
     row["stages"]["train_step"] = train_step(compressed, info, args.train_seq_len,

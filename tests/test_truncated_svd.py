@@ -176,3 +176,32 @@ def test_margins_of_decided_choices():
                                    progress=False)
     assert exact.tolist() == [[info["distance_matrix"][i][j] for j in (0, 2, 3, 5)]
                               for i in (1, 4)]
+
+
+@pytest.mark.parametrize("margin", [0.0, 1e6])
+def test_auto_probe_decomposes_exactly_when_every_candidate_is_a_close_call(margin, monkeypatch):
+    """``auto`` probes its first randomized matrix kind: with every candidate inside the
+    recheck margin (margin 1e6) it decomposes everything exactly (bit for bit the exact
+    selection, no recheck); otherwise (margin 0) it keeps the probe's distances and equals the
+    randomized solver's selection bit for bit (the probe is the first kind, so the sums run in
+    the same order)."""
+    from flexigpt.methods import base_selection, truncated_svd
+    from flexigpt.models.adapters import get_adapter
+
+    model = make_model(layers=6, kv_heads=2)
+    adapter = get_adapter(model)
+    blocks = adapter.layers(model)
+    ranks = {name: 4 for name in adapter.linear_names()}
+    pruned = [1, 3, 4]
+    monkeypatch.setattr(truncated_svd, "AUTO_MIN_SIDE", 8)  # auto truncates tiny matrices too
+    monkeypatch.setattr(base_selection, "RECHECK_MARGIN", margin)
+    auto = base_selection.select_bases(blocks, adapter, pruned, ranks, solver="auto",
+                                       progress=False)
+    assert auto.timings["probe"] > 0
+    reference = base_selection.select_bases(blocks, adapter, pruned, ranks, progress=False,
+                                            solver="exact" if margin else "randomized")
+    assert auto.flat_fallback is bool(margin)
+    assert torch.equal(auto.distances.nan_to_num(-1.0), reference.distances.nan_to_num(-1.0))
+    assert auto.base_map == reference.base_map and auto.rechecked == reference.rechecked == {}
+    if margin:  # nothing approximate left to recheck
+        assert "recheck" not in auto.timings

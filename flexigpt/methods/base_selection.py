@@ -22,6 +22,13 @@ base is the argmin of the exact distances among those close candidates. The choi
 the exact solver's whenever the approximation errs by less than half the margin on every distance
 (the exact best is always among the rechecked, and they are compared exactly); the rechecked
 entries of the distance matrix hold exact values.
+
+Where nearly every candidate is a close call the recheck repeats the exact solver's whole work
+after the randomized one, so ``auto`` first *probes* one matrix kind (the first it would
+truncate randomized): if more than :data:`FLAT_FRACTION` of the candidates lie within the
+margin of their row's best, base selection decomposes every matrix exactly (same choices and
+distances as ``exact``, bit for bit); otherwise the probe's distances are kept and the other
+kinds follow. The probe only decides the cost, never the choice.
 """
 
 from __future__ import annotations
@@ -44,6 +51,11 @@ DISTANCES = ("lowrank", "full", "frobenius")
 #: approximate block distance is ≤ (1 + margin) × the row's best are compared exactly
 #: (2.5× the largest relative distance error measured on SmolLM2-135M, 0.8 %).
 RECHECK_MARGIN = 0.02
+#: ``auto`` decomposes exactly when, on the first matrix kind it would truncate randomized,
+#: more than this fraction of each pruned block's candidates (averaged over the blocks) lie
+#: within :data:`RECHECK_MARGIN` of the block's best: the recheck would then redo nearly every
+#: exact decomposition anyway (i.i.d. random weights: all candidates within 0.2 %).
+FLAT_FRACTION = 0.5
 
 
 @dataclass
@@ -54,16 +66,19 @@ class BaseSelection:
         distances: ``[L, L]`` float64 block distances; row i = pruned block, column j =
             candidate. NaN where invalid (unpruned rows, pruned columns, the diagonal).
         base_map: ``{pruned block: chosen base block}``.
-        timings: seconds per stage (``truncation``, ``distances``, and ``recheck`` when
-            randomized truncations were rechecked).
+        timings: seconds per stage (``truncation``, ``distances``, ``recheck`` when
+            randomized truncations were rechecked, ``probe`` when ``auto`` probed).
         rechecked: ``{pruned block: candidates compared exactly}`` (close calls of a
             randomized truncation; empty for the exact solver).
+        flat_fallback: ``auto`` found the candidates flat (:data:`FLAT_FRACTION`) and
+            decomposed every matrix exactly.
     """
 
     distances: torch.Tensor
     base_map: dict[int, int]
     timings: dict[str, float] = field(default_factory=dict)
     rechecked: dict[int, list[int]] = field(default_factory=dict)
+    flat_fallback: bool = False
 
     def matrix_json(self) -> list[list[float | None]]:
         """The distance matrix as nested lists with ``None`` for invalid entries."""
@@ -149,8 +164,28 @@ def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
                          f"pruned={pruned} of {n} blocks")
     dist = torch.full((n, n), float("nan"), dtype=torch.float64)
     timings = {"truncation": 0.0, "distances": 0.0}
-    total, approximate = candidate_distances(blocks, adapter, pruned, candidates, ranks, metric,
-                                             svd_dtype, progress, solver, timings)
+    total = torch.zeros(len(pruned), len(candidates), dtype=torch.float64)
+    names = list(adapter.linear_names())
+    probe = _probe_name(blocks, adapter, ranks, solver) if metric == "lowrank" else None
+    approximate = flat = False
+    if probe is not None:  # auto: is the choice a close call everywhere? (module docstring)
+        t0 = time.perf_counter()
+        candidate_distances(blocks, adapter, pruned, candidates, ranks, metric, svd_dtype,
+                            False, solver, names=[probe], total=total)
+        timings["probe"] = time.perf_counter() - t0
+        flat = _flat(total)
+        if flat:
+            log.info("auto: on %s %.0f %% of the candidates lie within %.0f %% of their best; "
+                     "decomposing every matrix exactly", probe, 100 * _close_fraction(total),
+                     100 * RECHECK_MARGIN)
+            total.zero_()
+            solver = "exact"
+        else:
+            names = [name for name in names if name != probe]
+            approximate = True
+    _, randomized = candidate_distances(blocks, adapter, pruned, candidates, ranks, metric,
+                                        svd_dtype, progress, solver, timings, names, total)
+    approximate |= randomized
     cand = torch.tensor(candidates)
     for row, i in enumerate(pruned):
         dist[i, cand] = total[row]
@@ -164,7 +199,30 @@ def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
     log.info("base map (pruned -> base): %s", base_map)
     return BaseSelection(distances=dist, base_map=base_map,
                          timings={k: round(v, 4) for k, v in timings.items()},
-                         rechecked=rechecked)
+                         rechecked=rechecked, flat_fallback=flat)
+
+
+def _probe_name(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
+                ranks: dict[str, int], solver: str) -> str | None:
+    """The matrix kind ``auto`` probes: the first it would truncate randomized (None: no
+    probe, for the other solvers or when ``auto`` decomposes everything exactly)."""
+    if solver != "auto":
+        return None
+    for name, lin in adapter.block_linears(blocks[0]).items():
+        if resolve(solver, lin.weight.shape, ranks[name]) == "randomized":
+            return name
+    return None
+
+
+def _close_fraction(total: torch.Tensor) -> float:
+    """Mean over rows of ``total`` ``[P, C]`` of the fraction of candidates within
+    :data:`RECHECK_MARGIN` of the row's best."""
+    best = total.min(dim=1, keepdim=True).values
+    return float((total <= best * (1 + RECHECK_MARGIN)).double().mean())
+
+
+def _flat(total: torch.Tensor) -> bool:
+    return _close_fraction(total) > FLAT_FRACTION
 
 
 @torch.no_grad()
@@ -172,22 +230,26 @@ def candidate_distances(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAd
                         pruned: list[int], candidates: list[int], ranks: dict[str, int],
                         metric: str = "lowrank", svd_dtype: torch.dtype = torch.float32,
                         progress: bool = True, solver: str = "exact",
-                        timings: dict[str, float] | None = None) -> tuple[torch.Tensor, bool]:
-    """Block distances (the per-matrix distances of ``metric`` summed over the linears) of
-    every pruned block to every candidate, before any recheck.
+                        timings: dict[str, float] | None = None, names: list[str] | None = None,
+                        total: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+    """Block distances (the per-matrix distances of ``metric`` summed over the linears
+    ``names``, default all in the adapter's order) of every pruned block to every candidate,
+    before any recheck.
 
     Returns:
         ``[len(pruned), len(candidates)]`` float64 distances (rows and columns in the given
-        orders), and whether a truncation was randomized (the ``lowrank`` distances are then
-        approximate; :func:`select_bases` rechecks the close calls exactly). Seconds are added
-        to ``timings["truncation"]`` / ``timings["distances"]`` when ``timings`` is given.
+        orders; added, name by name, to ``total`` when given), and whether a truncation was
+        randomized (the ``lowrank`` distances are then approximate; :func:`select_bases`
+        rechecks the close calls exactly). Seconds are added to ``timings["truncation"]`` /
+        ``timings["distances"]`` when ``timings`` is given.
     """
     timings = {"truncation": 0.0, "distances": 0.0} if timings is None else timings
-    total = torch.zeros(len(pruned), len(candidates), dtype=torch.float64)
+    if total is None:
+        total = torch.zeros(len(pruned), len(candidates), dtype=torch.float64)
     cand = torch.tensor(candidates)
     approximate = False
-    for name in tqdm(adapter.linear_names(), desc=f"base selection ({metric})",
-                     disable=not progress):
+    for name in tqdm(adapter.linear_names() if names is None else names,
+                     desc=f"base selection ({metric})", disable=not progress):
         weights = _stack(blocks, adapter, name)
         rank = ranks[name]
         if metric == "lowrank":

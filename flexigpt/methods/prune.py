@@ -194,6 +194,8 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
                                        trainable_params=adapter_trainable(model)).to_dict()}
     if selection.rechecked:  # close calls of a randomized truncation, compared exactly
         info["svd_rechecked"] = {str(i): js for i, js in selection.rechecked.items()}
+    if selection.flat_fallback:  # svd auto found every candidate a close call: exact truncations
+        info["svd_flat_fallback"] = True
     return CompressionResult(model=model, structure=structure, info=info)
 
 

@@ -21,7 +21,9 @@ Solvers (:data:`SOLVERS`; FlexiGPT's ``svd`` option):
   Gaussian sketch comes from a fixed seed, so a decomposition repeats exactly on one platform.
 * ``auto``: ``randomized`` where the smaller side of the matrix is at least
   :data:`AUTO_MIN_SIDE` (below it an exact SVD takes milliseconds; SmolLM2-135M, hidden 576,
-  stays exact and bit-identical), else ``exact``.
+  stays exact and bit-identical), else ``exact``. Base selection adds a probe to ``auto``
+  (:mod:`flexigpt.methods.base_selection`): where nearly every candidate base is a close
+  call, as on i.i.d. random weights, its truncations are all exact.
 
 FlexiGPT's default is ``exact`` until ``benchmarks/bench_truncated_svd.py`` and
 ``bench_scaling.py --svd auto`` have shown on the scaling models that the choices hold.
