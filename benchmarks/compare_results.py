@@ -17,7 +17,6 @@ Raises :class:`flexigpt.stats.PairingError` when the runs scored different docum
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -26,16 +25,12 @@ from typing import Any
 
 from flexigpt import stats
 from flexigpt.evaluation.results import load_records
+from flexigpt.fileio import atomic_write_text
 
 
-def _interval(iv: Any, scale: float) -> dict[str, float] | None:
-    """An :class:`stats.Interval` as a dict, estimate and bounds times ``scale``."""
-    if iv is None:
-        return None
-    d = dataclasses.asdict(iv)
-    for key in ("estimate", "low", "high", "se"):
-        d[key] = d[key] * scale
-    return d
+def _interval(iv: stats.Interval | None, scale: float) -> dict[str, Any] | None:
+    """An interval as a dict, in units of ``scale`` (None stays None)."""
+    return None if iv is None else iv.scaled(scale).to_dict()
 
 
 def compare(a: Path, b: Path) -> dict[str, Any]:
@@ -84,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     out = compare(args.a, args.b)
     print(render(out))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        atomic_write_text(args.out, json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -173,11 +173,11 @@ def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
         candidate_distances(blocks, adapter, pruned, candidates, ranks, metric, svd_dtype,
                             False, solver, names=[probe], total=total)
         timings["probe"] = time.perf_counter() - t0
-        flat = _flat(total)
+        close = _close_fraction(total)
+        flat = close > FLAT_FRACTION
         if flat:
             log.info("auto: on %s %.0f %% of the candidates lie within %.0f %% of their best; "
-                     "decomposing every matrix exactly", probe, 100 * _close_fraction(total),
-                     100 * RECHECK_MARGIN)
+                     "decomposing every matrix exactly", probe, 100 * close, 100 * RECHECK_MARGIN)
             total.zero_()
             solver = "exact"
         else:
@@ -219,10 +219,6 @@ def _close_fraction(total: torch.Tensor) -> float:
     :data:`RECHECK_MARGIN` of the row's best."""
     best = total.min(dim=1, keepdim=True).values
     return float((total <= best * (1 + RECHECK_MARGIN)).double().mean())
-
-
-def _flat(total: torch.Tensor) -> bool:
-    return _close_fraction(total) > FLAT_FRACTION
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,12 @@ class Interval:
     def verdict(self, direction: str, margin: float = 0.0) -> str:
         """:func:`verdict` of this interval."""
         return verdict(self.low, self.high, direction, margin)
+
+    def scaled(self, k: float) -> Interval:
+        """The same interval in other units (``k`` × estimate, bounds and se; e.g. 100 for
+        points)."""
+        return replace(self, estimate=k * self.estimate, low=k * self.low, high=k * self.high,
+                       se=k * self.se)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -18,7 +18,6 @@ same method's LM-loss recovery.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -64,11 +63,6 @@ class Diff:
             return self.status
         iv = self.interval
         return f"{iv.estimate:+.{digits}f} [{iv.low:+.{digits}f}, {iv.high:+.{digits}f}]"
-
-
-def _scaled(iv: stats.Interval, k: float) -> stats.Interval:
-    return dataclasses.replace(iv, estimate=k * iv.estimate, low=k * iv.low, high=k * iv.high,
-                               se=k * iv.se)
 
 
 def _tasks_view(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,7 +114,7 @@ class Comparator:
             log.info("unpaired %s vs %s (%s): %s", a, b, metric, err)
             return Diff(UNPAIRED, note=str(err))
         k = 1.0 if metric == "log_ppl" else 100.0  # nats; accuracy in points
-        return Diff(OK, _scaled(reps.interval(0), k), replicates=k * reps.boot[:, 0])
+        return Diff(OK, reps.interval(0).scaled(k), replicates=k * reps.boot[:, 0])
 
 
 def key_of(agg: pd.DataFrame, model: str, method: str, variant: str, ratio: float | None,
