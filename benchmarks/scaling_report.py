@@ -6,17 +6,16 @@ without measuring."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from flexigpt.fileio import atomic_write_text
+
 
 def write_outputs(path: Path, figures: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(figures, indent=1))
-    os.replace(tmp, path)
-    path.with_suffix(".md").write_text(markdown(figures))
+    """``path`` (JSON) and its ``.md`` sibling, each written atomically."""
+    atomic_write_text(path, json.dumps(figures, indent=1))
+    atomic_write_text(path.with_suffix(".md"), markdown(figures))
 
 
 def markdown(fig: dict[str, Any]) -> str:
