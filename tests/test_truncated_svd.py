@@ -198,6 +198,8 @@ def test_auto_probe_decomposes_exactly_when_every_candidate_is_a_close_call(marg
     auto = base_selection.select_bases(blocks, adapter, pruned, ranks, solver="auto",
                                        progress=False)
     assert auto.timings["probe"] > 0
+    parts = auto.timings["probe_truncation"] + auto.timings["probe_distances"]
+    assert parts <= auto.timings["probe"] + 2e-4  # its parts (each rounded to 1e-4 s)
     reference = base_selection.select_bases(blocks, adapter, pruned, ranks, progress=False,
                                             solver="exact" if margin else "randomized")
     assert auto.flat_fallback is bool(margin)

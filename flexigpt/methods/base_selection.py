@@ -67,7 +67,8 @@ class BaseSelection:
             candidate. NaN where invalid (unpruned rows, pruned columns, the diagonal).
         base_map: ``{pruned block: chosen base block}``.
         timings: seconds per stage (``truncation``, ``distances``, ``recheck`` when
-            randomized truncations were rechecked, ``probe`` when ``auto`` probed).
+            randomized truncations were rechecked, ``probe`` when ``auto`` probed, with its
+            ``probe_truncation`` and ``probe_distances`` parts).
         rechecked: ``{pruned block: candidates compared exactly}`` (close calls of a
             randomized truncation; empty for the exact solver).
         flat_fallback: ``auto`` found the candidates flat (:data:`FLAT_FRACTION`) and
@@ -170,9 +171,11 @@ def select_bases(blocks: list[nn.Module] | nn.ModuleList, adapter: ArchAdapter,
     approximate = flat = False
     if probe is not None:  # auto: is the choice a close call everywhere? (module docstring)
         t0 = time.perf_counter()
+        probe_times = {"truncation": 0.0, "distances": 0.0}
         candidate_distances(blocks, adapter, pruned, candidates, ranks, metric, svd_dtype,
-                            False, solver, names=[probe], total=total)
+                            False, solver, probe_times, [probe], total)
         timings["probe"] = time.perf_counter() - t0
+        timings.update({f"probe_{k}": v for k, v in probe_times.items()})
         close = _close_fraction(total)
         flat = close > FLAT_FRACTION
         if flat:
