@@ -8,8 +8,8 @@ that point, reruns the same command without the fault and compares every file un
 work directory with the uninterrupted run's. JSON files are compared without the keys that
 differ between any two identical runs (:data:`flexigpt.manifest.VOLATILE_KEYS`: timestamps
 and timings), a task's or perplexity's ``seconds`` and ``resumed_from_step`` (which says
-that the run was resumed); model cards
-without their ``- created`` line. Everything else — weights, tokenizer, logs, curves,
+that the run was resumed) and the checkout's ``git_commit``; model cards without their
+``- created`` line and git commit. Everything else — weights, tokenizer, logs, curves,
 per-document records — must be equal byte for byte.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,8 +33,9 @@ from flexigpt.fileio import MARKER
 from flexigpt.manifest import VOLATILE_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
-#: keys a resumed run may legitimately record differently from an uninterrupted one
-RUN_KEYS = VOLATILE_KEYS | {"resumed_from_step", "seconds"}
+#: keys a resumed run may legitimately record differently from an uninterrupted one (the
+#: checkout's commit moves when a commit lands while the suite runs; the code may not)
+RUN_KEYS = VOLATILE_KEYS | {"resumed_from_step", "seconds", "git_commit"}
 
 
 # ---- comparison --------------------------------------------------------------------------
@@ -51,7 +53,8 @@ def _content(path: Path):
     if path.suffix == ".json":
         return _normalised(json.loads(path.read_text()))
     if path.name == "README.md":
-        return [ln for ln in path.read_text().splitlines() if not ln.startswith("- created ")]
+        return [re.sub(r", git commit \S+$", "", ln) for ln in path.read_text().splitlines()
+                if not ln.startswith("- created ")]
     if path.name.endswith(".jsonl.gz"):
         assert gzip.decompress(path.read_bytes())  # readable; bytes compared below
     return path.read_bytes()
