@@ -10,8 +10,9 @@ slow stretch hits both sides of a pair. Per batch size and model: the median ove
 the per-round ratio ``ms/token(model) / ms/token(reference)``, its 95 % percentile bootstrap
 interval over rounds, the ratio of the per-model medians, and whether the greedy tokens
 equal the model's own eager decoding (same prompts, same batch size). Every compiled graph is
-built (warmed up) before the first timed round. Prints a table and writes ``--out`` (JSON,
-with every round's figures and the load average at start and end).
+built before the first timed round (``bench_decode.warm_up``: two prompt lengths at batch 1,
+then the batch size). Prints a table and writes ``--out`` (JSON, with every round's figures
+and the load average at start and end).
 
 Example (the default run's reference models)::
 
@@ -26,7 +27,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import held_out_text  # noqa: E402
+from bench_decode import held_out_text, warm_up  # noqa: E402
 
 from flexigpt.artifacts import load_compressed  # noqa: E402
 from flexigpt.fileio import atomic_write_text  # noqa: E402
@@ -114,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"cpu": cpu_name(), "threads": torch.get_num_threads(),
                               "args": vars(args), "labels": labels, "by_batch": {}}
     for b in args.batch_sizes:
-        tic = time.perf_counter()
-        for g in gens.values():  # compile this batch size's graph before any timing
-            g.generate(prompts[:b], max_new_tokens=8, ignore_eos=True, batch_size=b)
-        print(f"batch {b}: compiled in {time.perf_counter() - tic:.1f} s", flush=True)
+        warm_up(gens, prompts, b, batched=b > 1)  # this batch size's graphs, before any timing
         batch_prompts = prompts[:max(args.n_prompts, b)]
         ms = rounds(gens, batch_prompts, b, args.max_new_tokens, args.rounds)
         row: dict[str, Any] = {"per_token_ms": ms, "models": {}}
