@@ -85,7 +85,6 @@ PAPER = {
 }
 
 STAGES_CALIB = ("block_influence", "slicegpt", "llm_pruner")  # scale with calibration tokens
-STAGES_SVD = ("truncation", "distances", "surgery_init", "flexigpt_total")  # decompositions
 #: FLOP per token and dense parameter of the matmul-bound stages (forward 2·P; a backward
 #: through every block adds 2·P for activation gradients, 2·P more with weight gradients)
 FLOP_PER_TOKEN_PARAM = {"block_influence": 2, "eval_forward": 2, "slicegpt": 2,
@@ -145,8 +144,9 @@ def flexigpt_stages(model: torch.nn.Module, calib: torch.Tensor, ratio: float, r
         result, fig = measure(lambda: compress(work, None, calib, cfg))
     t = result.info["timings"]
     stages = {name: {"wall_s": t[name]} for name in
-              ("block_influence", "probe", "truncation", "distances", "recheck", "surgery_init")
-              if name in t}  # probe / recheck: svd auto's flatness probe / close calls
+              ("block_influence", "probe", "probe_truncation", "probe_distances", "truncation",
+               "distances", "recheck", "surgery_init")
+              if name in t}  # probe (its two parts) / recheck: svd auto's probe / close calls
     stages["flexigpt_total"] = fig
     return result.model, result.info, stages
 

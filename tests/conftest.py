@@ -299,13 +299,15 @@ class Named(dict):
 
 def run_script(name: str, tmp_path: Path, monkeypatch, *, params: dict, inputs: dict,
                outputs: dict, resources: dict | None = None) -> None:
-    """``workflow/scripts/<name>.py`` with a Snakemake-like ``snakemake`` global."""
+    """``workflow/scripts/<name>.py`` with a Snakemake-like ``snakemake`` global; an input may
+    be one path or a list of paths (a rule's ``expand``)."""
     import flexigpt.workflow_support
 
     monkeypatch.setattr(flexigpt.workflow_support, "script_logging",  # keep pytest's stderr and logging
                         lambda log, threads=None: __import__("logging").getLogger("test"))
     job = Named(log=[str(tmp_path / f"{name}.log")], threads=1, params=Named(params),
-                input=Named({k: str(v) for k, v in inputs.items()}),
+                input=Named({k: [str(p) for p in v] if isinstance(v, (list, tuple)) else str(v)
+                             for k, v in inputs.items()}),
                 output=Named({k: str(v) for k, v in outputs.items()}),
                 resources=Named(resources or {}))
     runpy.run_path(str(ROOT / "workflow" / "scripts" / f"{name}.py"),

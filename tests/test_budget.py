@@ -350,26 +350,18 @@ def test_default_config_grid_is_unchanged():
 def test_tables_script_writes_the_ladder(tmp_path, monkeypatch):
     """The tables rule's script: the budget table and figure beside the other tables, listed
     in index.txt, the table in report.md too."""
-    import runpy
-
-    from conftest import Named
-
-    import flexigpt.workflow_support
+    from conftest import run_script
 
     root = tmp_path / "results"
     evals = [write_point(root, m, tokens, gap if m == "flexigpt" else 0.0, 60, table=table)
              for tokens, gap, table in ((1000, 0.3, "main"), (8000, 0.1, "budget"))
              for m in ("flexigpt", "shortgpt_lora")]
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(flexigpt.workflow_support, "script_logging",
-                        lambda log, threads=None: __import__("logging").getLogger("test"))
     out = tmp_path / "tables"
-    job = Named(log=[str(tmp_path / "tables.log")], threads=1,
-                params=Named({"figures": {"manifests": [], "train_logs": [], "selections": []},
-                              "model_names": {}}),
-                input=Named({"evals": [str(p) for p in evals], "inference": []}),
-                output=Named({"tables": str(out)}))
-    runpy.run_path(str(ROOT / "workflow/scripts/tables.py"), init_globals={"snakemake": job})
+    run_script("tables", tmp_path, monkeypatch,
+               params={"figures": {"manifests": [], "train_logs": [], "selections": []},
+                       "model_names": {}},
+               inputs={"evals": evals, "inference": []}, outputs={"tables": out})
     listed = (out / "index.txt").read_text().split()
     assert "budget_smollm2-135m_r0.3.md" in listed and "fig_budget_smollm2-135m_r0.3.png" in listed
     assert "table1_smollm2-135m.md" in listed
