@@ -14,6 +14,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from flexigpt.devices import model_device
+from flexigpt.hooked_forward import hook_input, hook_output, registered
 from flexigpt.models.adapters import get_adapter
 
 
@@ -43,25 +44,22 @@ def block_influence(model: nn.Module, windows: torch.Tensor, batch_size: int = 4
 
     def pre_hook(idx: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            inputs[idx] = hidden.detach()
+            inputs[idx] = hook_input(args, kwargs).detach()
         return hook
 
     def post_hook(idx: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict,
                  output: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
-            out = output[0] if isinstance(output, (tuple, list)) else output
             cos = torch.nn.functional.cosine_similarity(
-                inputs.pop(idx).float(), out.detach().float(), dim=-1)  # [B, T]
+                inputs.pop(idx).float(), hook_output(output).detach().float(), dim=-1)  # [B, T]
             sums[idx] += (cos * current_mask[0]).sum().double()
         return hook
 
-    handles = []
-    for i, block in enumerate(blocks):
-        handles.append(block.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
-        handles.append(block.register_forward_hook(post_hook(i), with_kwargs=True))
+    hooks = [handle for i, block in enumerate(blocks) for handle in (
+        block.register_forward_pre_hook(pre_hook(i), with_kwargs=True),
+        block.register_forward_hook(post_hook(i), with_kwargs=True))]
     device = model_device(model)
-    try:
+    with registered(hooks):
         for start in tqdm(range(0, windows.shape[0], batch_size), desc="block influence",
                           disable=not progress):
             ids = windows[start:start + batch_size].to(device)
@@ -70,9 +68,6 @@ def block_influence(model: nn.Module, windows: torch.Tensor, batch_size: int = 4
             current_mask[:] = [mask.float()]
             model(input_ids=ids, attention_mask=mask, use_cache=False)
             count += int(mask.sum())
-    finally:
-        for h in handles:
-            h.remove()
     if count == 0:
         raise ValueError("block influence needs at least one unmasked token")
     return (1.0 - sums / count).tolist()

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from flexigpt.devices import model_device
+from flexigpt.hooked_forward import forward_batches, hook_output, registered
 from flexigpt.models.adapters import get_adapter
 
 
@@ -32,18 +32,12 @@ def last_token_outputs(model: nn.Module, windows: torch.Tensor, batch_size: int)
 
     def hook(idx: int):
         def capture(module: nn.Module, args: tuple, output: Any) -> None:
-            out = output[0] if isinstance(output, (tuple, list)) else output
-            found[idx].append(out[:, -1, :].detach().float().cpu())
+            found[idx].append(hook_output(output)[:, -1, :].detach().float().cpu())
         return capture
 
-    handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(blocks)]
-    device = model_device(model)
-    try:
-        for start in range(0, windows.shape[0], batch_size):
-            model(input_ids=windows[start:start + batch_size].to(device), use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
+    with registered(b.register_forward_hook(hook(i)) for i, b in enumerate(blocks)):
+        for _ in forward_batches(model, windows, batch_size):
+            pass
     outputs = torch.stack([torch.cat(parts) for parts in found])  # [L, N, D]
     norm = adapter.final_norm(model)
     param = next(norm.parameters())

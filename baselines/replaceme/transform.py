@@ -27,12 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from flexigpt.devices import model_device
+from flexigpt.hooked_forward import StopForward, forward_batches, hook_output, registered
 from flexigpt.models.adapters import ArchAdapter, get_adapter
-
-
-class _Done(Exception):
-    """Raised once block ``end − 1`` has run: later blocks are not needed."""
 
 
 def mlp_writer(adapter: ArchAdapter, block: nn.Module) -> nn.Linear:
@@ -53,26 +49,18 @@ def span_activations(model: nn.Module, windows: torch.Tensor, start: int, end: i
 
     def keep(name: str, stop: bool = False):
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            out = output[0] if isinstance(output, (tuple, list)) else output
+            out = hook_output(output)
             slot[name] = out.detach().reshape(-1, out.shape[-1]).double().cpu()
-            if stop:
-                raise _Done
+            if stop:  # block end − 1 has run: later blocks are not needed
+                raise StopForward
         return hook
 
-    handles = [mlp_writer(adapter, blocks[start - 1]).register_forward_hook(keep("m")),
-               blocks[start - 1].register_forward_hook(keep("x")),
-               blocks[end - 1].register_forward_hook(keep("y", stop=True))]
-    device = model_device(model)
-    try:
-        for first in range(0, windows.shape[0], batch_size):
-            try:
-                model(input_ids=windows[first:first + batch_size].to(device), use_cache=False)
-            except _Done:
-                pass
+    with registered([
+            mlp_writer(adapter, blocks[start - 1]).register_forward_hook(keep("m")),
+            blocks[start - 1].register_forward_hook(keep("x")),
+            blocks[end - 1].register_forward_hook(keep("y", stop=True))]):
+        for _ in forward_batches(model, windows, batch_size):
             yield slot.pop("m"), slot.pop("x"), slot.pop("y")
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def lstsq_transform(batches: Iterator[tuple[torch.Tensor, ...]], alpha: float = 0.0

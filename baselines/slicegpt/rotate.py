@@ -33,15 +33,11 @@ from baselines.slicegpt.modules import (
     set_shortcut,
 )
 from baselines.slicegpt.pca import SecondMoment, kept_energy, random_orientation
-from flexigpt.devices import model_device
+from flexigpt.hooked_forward import StopForward, forward_batches, hook_input, registered
 from flexigpt.memory import release_freed_memory
 from flexigpt.models.adapters import ArchAdapter
 
 log = logging.getLogger(__name__)
-
-
-class _Captured(Exception):
-    """Raised by the layer-0 hook once the block inputs are captured."""
 
 
 def capture_inputs(model: nn.Module, adapter: ArchAdapter, windows: torch.Tensor,
@@ -52,32 +48,22 @@ def capture_inputs(model: nn.Module, adapter: ArchAdapter, windows: torch.Tensor
     Without a padding mask, the kwargs (causal mask, rotary tables) depend only on the batch
     shape and are shared between batches of equal size.
     """
-    device = model_device(model)
     seen: dict[Any, dict[str, Any]] = {}
     out: list[dict[str, Any]] = []
     slot: dict[str, Any] = {}
 
     def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        slot["x"] = args[0] if args else kwargs["hidden_states"]
+        slot["x"] = hook_input(args, kwargs)
         slot["kwargs"] = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-        raise _Captured
+        raise StopForward  # the block inputs are captured: no block needs to run
 
-    handle = adapter.layers(model)[0].register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        for start in range(0, windows.shape[0], batch_size):
-            ids = windows[start:start + batch_size].to(device)
-            am = None if mask is None else mask[start:start + batch_size].to(device)
-            try:
-                model(input_ids=ids, attention_mask=am, use_cache=False)
-            except _Captured:
-                pass
-            store.write(slice(start, start + ids.shape[0]), slot["x"])
+    with registered([adapter.layers(model)[0].register_forward_pre_hook(hook, with_kwargs=True)]):
+        for rows in forward_batches(model, windows, batch_size, mask):
+            store.write(rows, slot["x"])
             if mask is not None:  # per-batch masks: keep every batch's own kwargs
                 out.append(slot["kwargs"])
                 continue
-            out.append(seen.setdefault(tuple(ids.shape), slot["kwargs"]))
-    finally:
-        handle.remove()
+            out.append(seen.setdefault(tuple(slot["x"].shape[:2]), slot["kwargs"]))
     return out
 
 

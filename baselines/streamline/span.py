@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from flexigpt.devices import model_device
+from flexigpt.hooked_forward import forward_batches, hook_input, hook_output, registered
 from flexigpt.models.adapters import get_adapter
 
 
@@ -30,28 +30,22 @@ def span_similarities(model: nn.Module, windows: torch.Tensor, span: int,
     states: list[torch.Tensor] = []
 
     def first(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        states.append(args[0] if args else kwargs["hidden_states"])
+        states.append(hook_input(args, kwargs))
 
     def after(module: nn.Module, args: tuple, output: Any) -> None:
-        states.append(output[0] if isinstance(output, (tuple, list)) else output)
+        states.append(hook_output(output))
 
-    handles = [blocks[0].register_forward_pre_hook(first, with_kwargs=True),
-               *(b.register_forward_hook(after) for b in blocks)]
     norm = adapter.final_norm(model)
     sums = torch.zeros(n_blocks - span + 1, dtype=torch.float64)
-    device = model_device(model)
-    try:
-        for start in range(0, windows.shape[0], batch_size):
-            states.clear()
-            model(input_ids=windows[start:start + batch_size].to(device), use_cache=False)
+    with registered([blocks[0].register_forward_pre_hook(first, with_kwargs=True),
+                     *(b.register_forward_hook(after) for b in blocks)]):
+        for _ in forward_batches(model, windows, batch_size):
             hidden = [*states[:-1], norm(states[-1])]  # h_0 … h_L, the last one normed
+            states.clear()
             for j in range(n_blocks - span + 1):
                 cos = torch.nn.functional.cosine_similarity(
                     hidden[j].double(), hidden[j + span].double(), dim=-1)  # [B, T]
                 sums[j] += (0.5 + 0.5 * cos).mean(-1).sum().cpu()
-    finally:
-        for h in handles:
-            h.remove()
     return sums / windows.shape[0]
 
 

@@ -20,12 +20,14 @@ import torch
 from torch import nn
 
 from baselines.streamline.config import StreamlineConfig
-from flexigpt.devices import model_device
+from flexigpt.hooked_forward import (
+    StopForward,
+    forward_batches,
+    hook_input,
+    hook_output,
+    registered,
+)
 from flexigpt.models.adapters import get_adapter
-
-
-class _Done(Exception):
-    """Raised once block ``end − 1`` has run."""
 
 
 @torch.no_grad()
@@ -40,27 +42,19 @@ def span_pairs(model: nn.Module, windows: torch.Tensor, start: int, end: int,
     kwargs_by_size: dict[int, dict[str, Any]] = {}
 
     def before(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        x = args[0] if args else kwargs["hidden_states"]
+        x = hook_input(args, kwargs)
         ins.append(x.detach())
         kwargs_by_size.setdefault(x.shape[0], {k: v for k, v in kwargs.items()
                                                if k != "hidden_states"})
 
     def after(module: nn.Module, args: tuple, output: Any) -> None:
-        outs.append((output[0] if isinstance(output, (tuple, list)) else output).detach())
-        raise _Done
+        outs.append(hook_output(output).detach())
+        raise StopForward  # block end − 1 has run
 
-    handles = [blocks[start].register_forward_pre_hook(before, with_kwargs=True),
-               blocks[end - 1].register_forward_hook(after)]
-    device = model_device(model)
-    try:
-        for first in range(0, windows.shape[0], batch_size):
-            try:
-                model(input_ids=windows[first:first + batch_size].to(device), use_cache=False)
-            except _Done:
-                pass
-    finally:
-        for h in handles:
-            h.remove()
+    with registered([blocks[start].register_forward_pre_hook(before, with_kwargs=True),
+                     blocks[end - 1].register_forward_hook(after)]):
+        for _ in forward_batches(model, windows, batch_size):
+            pass
     return torch.cat(ins), torch.cat(outs), kwargs_by_size
 
 
