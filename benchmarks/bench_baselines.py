@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from flexigpt.api import compress  # noqa: E402
 from flexigpt.artifacts import load_compressed, read_manifest  # noqa: E402
 from flexigpt.calibration import token_windows  # noqa: E402
+from flexigpt.fileio import atomic_write_text  # noqa: E402
 from flexigpt.manifest import Manifest  # noqa: E402
 from flexigpt.models.loading import load_model  # noqa: E402
 from flexigpt.perplexity import perplexity  # noqa: E402
@@ -153,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(rows, indent=2))
+            atomic_write_text(out, json.dumps(rows, indent=2))
 
     tokenizer = load_model(args.model)[1]
     val = token_windows(args.validation, tokenizer, args.ppl_seq_len, args.ppl_windows)

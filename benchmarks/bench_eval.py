@@ -30,7 +30,6 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +41,7 @@ from flexigpt.evaluation.fast.lm import ATTENTION_MODES, max_abs_diff
 from flexigpt.evaluation.fast.packing import WorkCounts
 from flexigpt.evaluation.tasks import PAPER_TASKS, build_task, task_specs
 from flexigpt.evaluation.zeroshot import make_lm
+from flexigpt.fileio import atomic_write_text
 
 log = logging.getLogger("bench_eval")
 
@@ -239,7 +239,7 @@ def main() -> None:
         n_total += len(inst)
         report["tasks"][name] = row
         if args.out:  # partial report after every task
-            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+            atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
         log.info("%s: %d req, CPU s: stock %.1f, fast %.1f (×%.2f; FLOP ratio ×%.2f)%s, "
                  "max|Δ| %.2e, greedy≠ %d, metrics %s vs %s", name, len(inst), t_stock, t_fast,
                  t_stock / t_fast, row["work"]["flop_ratio"],
@@ -259,7 +259,7 @@ def main() -> None:
         report["overall"]["profile"] = ceiling(prof_totals["stock"], prof_totals["fast"])
     print(json.dumps(report["overall"], indent=2))
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

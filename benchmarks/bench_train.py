@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 from flexigpt import memory  # noqa: E402
 from flexigpt.artifacts import load_compressed, read_manifest  # noqa: E402
 from flexigpt.calibration import token_windows  # noqa: E402
+from flexigpt.fileio import atomic_write_text  # noqa: E402
 from flexigpt.generation.measure import PeakRSS  # noqa: E402
 from flexigpt.methods.lora import is_wrapper  # noqa: E402
 from flexigpt.provenance import cpu_name  # noqa: E402
@@ -280,8 +281,7 @@ def write(args: argparse.Namespace, peak: dict, results: list) -> dict:
            "peak_flops": peak, "formula": "frozen base + adapters: 2*(M+A) + 2*(M_b+A_b) + 2*M_lora "
            "FLOP/token (M linear MACs/token, A attention MACs/token, _b: from the first "
            "trainable block on)", "variants": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    atomic_write_text(args.out, json.dumps(out, indent=1))
     return out
 
 

@@ -46,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flexigpt.calibration import token_windows  # noqa: E402
+from flexigpt.fileio import atomic_write_text  # noqa: E402
 from flexigpt.methods.base_selection import candidate_distances, truncations  # noqa: E402
 from flexigpt.methods.surgery import default_rank  # noqa: E402
 from flexigpt.methods.truncated_svd import top_svd  # noqa: E402
@@ -224,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["shape_margins"].append(shape_margins(shape, args.margin_ratio))
     figures["load_average_end"] = os.getloadavg()
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=1) + "\n")
+    atomic_write_text(out, json.dumps(figures, indent=1) + "\n")
     print(f"wrote {out}; load average {figures['load_average_start']} -> "
           f"{figures['load_average_end']}")
     return 0

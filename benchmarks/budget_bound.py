@@ -33,6 +33,8 @@ import json
 import sys
 from pathlib import Path
 
+from flexigpt.fileio import atomic_write_text
+
 #: the bench_train method whose recipe each of the DAG's recovered methods trains
 BENCH_METHOD = {"flexigpt": "flexigpt", "shortgpt_lora": "shortgpt"}
 
@@ -126,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['floor_s_at_mfu'] / 60:.1f} min at the measured MFU {result['mfu']:.1%} "
           f"(evaluation, compression and start-up not counted)")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        atomic_write_text(args.out, json.dumps(result, indent=1))
     return 0
 
 
