@@ -348,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         figures: dict[str, Any] = json.loads(Path(args.out).read_text())
         figures["args"].update(gpu_peak=args.gpu_peak, mfu=args.mfu)
         figures["gpu_peak"] = args.gpu_peak
-        figures["extrapolation"] = extrapolate(figures["sizes"], argparse.Namespace(
-            **{**figures["args"], "gpu_peak": args.gpu_peak, "mfu": args.mfu}))
+        if len(figures["sizes"]) >= 2:  # as a measuring run: no fit from one size
+            figures["extrapolation"] = extrapolate(figures["sizes"], argparse.Namespace(
+                **{**figures["args"], "gpu_peak": args.gpu_peak, "mfu": args.mfu}))
         write_outputs(Path(args.out), figures)
         if args.plot:
             plot(figures, Path(args.out).with_suffix(".png"))

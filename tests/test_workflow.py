@@ -306,3 +306,22 @@ def test_bench_scaling_counts_fits_and_extrapolates():
                      "load_average_start": [0, 0, 0], "load_average_end": [0, 0, 0],
                      "cpu_peak_fp32": 1e11, "gpu_peak": 312e12, "extrapolation": ext})
     assert "| train_step | 1.00 |" in text
+
+
+def test_bench_scaling_from_json_rebuilds_every_committed_reference(tmp_path):
+    """``bench_scaling.py --from-json`` redoes the fits and tables of each committed run
+    (results/reference/scaling/bench_scaling*.json) byte for byte, a single-size run
+    included (no extrapolation from one size, as when it was measured)."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_scaling import main
+
+    committed = sorted((ROOT / "results/reference/scaling").glob("bench_scaling*.json"))
+    assert len(committed) >= 2
+    for path in committed:
+        out = tmp_path / path.name
+        shutil.copy(path, out)
+        assert main(["--from-json", "--out", str(out)]) == 0
+        assert out.read_bytes() == path.read_bytes(), path.name
+        assert out.with_suffix(".md").read_bytes() == path.with_suffix(".md").read_bytes()
