@@ -14,7 +14,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from flexigpt.devices import model_device
-from flexigpt.hooked_forward import hook_input, hook_output, registered
+from flexigpt.hooked_forward import forward_batches, hook_input, hook_output, registered
 from flexigpt.models.adapters import get_adapter
 
 
@@ -40,7 +40,7 @@ def block_influence(model: nn.Module, windows: torch.Tensor, batch_size: int = 4
     sums = torch.zeros(n_blocks, dtype=torch.float64)
     count = 0
     inputs: dict[int, torch.Tensor] = {}
-    current_mask: list[torch.Tensor] = []
+    cosines: dict[int, torch.Tensor] = {}  # this batch's [B, T] per block, weighed after it
 
     def pre_hook(idx: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -50,23 +50,23 @@ def block_influence(model: nn.Module, windows: torch.Tensor, batch_size: int = 4
     def post_hook(idx: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict,
                  output: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
-            cos = torch.nn.functional.cosine_similarity(
-                inputs.pop(idx).float(), hook_output(output).detach().float(), dim=-1)  # [B, T]
-            sums[idx] += (cos * current_mask[0]).sum().double()
+            cosines[idx] = torch.nn.functional.cosine_similarity(
+                inputs.pop(idx).float(), hook_output(output).detach().float(), dim=-1)
         return hook
 
     hooks = [handle for i, block in enumerate(blocks) for handle in (
         block.register_forward_pre_hook(pre_hook(i), with_kwargs=True),
         block.register_forward_hook(post_hook(i), with_kwargs=True))]
-    device = model_device(model)
+    masks = (torch.ones_like(windows) if attention_mask is None
+             else attention_mask).to(model_device(model))
     with registered(hooks):
-        for start in tqdm(range(0, windows.shape[0], batch_size), desc="block influence",
-                          disable=not progress):
-            ids = windows[start:start + batch_size].to(device)
-            mask = (torch.ones_like(ids) if attention_mask is None
-                    else attention_mask[start:start + batch_size].to(device))
-            current_mask[:] = [mask.float()]
-            model(input_ids=ids, attention_mask=mask, use_cache=False)
+        for rows in tqdm(forward_batches(model, windows, batch_size, masks),
+                         total=math.ceil(windows.shape[0] / batch_size),
+                         desc="block influence", disable=not progress):
+            mask = masks[rows]
+            for idx, cos in cosines.items():
+                sums[idx] += (cos * mask.float()).sum().double()
+            cosines.clear()
             count += int(mask.sum())
     if count == 0:
         raise ValueError("block influence needs at least one unmasked token")

@@ -1,12 +1,11 @@
 """Calibration forwards watched by module hooks: the loop the statistics passes share.
 
-A pass (ReplaceMe's and LLM-Streamline's span statistics, SliceGPT's block-0 inputs) registers
-forward hooks on blocks or their linears, runs the model over calibration windows batch by
-batch, and reads what the hooks kept after each batch. A hook that has everything it needs
-from a batch raises :class:`StopForward`: the rest of that batch's forward (the blocks after
-the last one watched, the head) is skipped, and :func:`forward_batches` goes on with the next
-batch. Block Influence keeps its own loop (it sets each batch's mask before the forward and
-shows a progress bar) but reads block inputs and outputs with the same two helpers.
+A pass (Block Influence, ReplaceMe's and LLM-Streamline's span statistics, SliceGPT's block-0
+inputs) registers forward hooks on blocks or their linears, runs the model over calibration
+windows batch by batch, and reads what the hooks kept after each batch. A hook that has
+everything it needs from a batch raises :class:`StopForward`: the rest of that batch's forward
+(the blocks after the last one watched, the head) is skipped, and :func:`forward_batches` goes
+on with the next batch.
 """
 
 from __future__ import annotations
