@@ -12,6 +12,7 @@ import torch
 
 from flexigpt import faults
 from flexigpt.calibration import token_windows
+from flexigpt.compression_basis import achieved_ratios, check_basis, embedding_parameters, to_total
 from flexigpt.devices import model_device
 from flexigpt.export.publish import publish_compressed
 from flexigpt.fileio import check_output
@@ -28,7 +29,8 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
              options: dict[str, Any] | None = None, calibration: str | None = None,
              n_calibration: int = 128, calibration_seq_len: int = 512, seed: int = 0,
              dtype: str = "float32", force: bool | None = None,
-             device: str = "cpu", accept_ratio_miss: bool = False) -> Manifest:
+             device: str = "cpu", accept_ratio_miss: bool = False,
+             basis: str = "total") -> Manifest:
     """Load ``model_spec``, compress it with ``method`` and save to ``out_dir``.
 
     Args:
@@ -50,6 +52,10 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         accept_ratio_miss: compress a block-count method (``MethodFacts.block_count``) at a
             ratio no block count reaches within half a block step (logged as a warning with
             target and achieved) instead of refusing it.
+        basis: what ``options["ratio"]`` is a fraction of (:mod:`flexigpt.compression_basis`):
+            ``total`` parameters, or ``non_embedding`` (converted to the equal total-basis
+            target once the model is loaded; refused for a method that slices embeddings).
+            The manifest records the basis and the achieved ratio on both bases.
 
     Returns:
         The manifest written to ``out_dir/manifest.json``.
@@ -64,11 +70,18 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
     """
     spec, cfg = _checked_request(method, options, calibration, n_calibration,
                                  calibration_seq_len, out_dir, force)
+    check_basis_for(spec, basis)
     setup_run(seed)
     # weights in process memory: every method replaces some, which then frees them
     model, tokenizer = load_model(model_spec, dtype=dtype, device=device, mapped=False)
-    _check_loaded(method, spec, model, cfg, accept_ratio_miss, calibration_seq_len)
     dense_params = count_parameters(model)
+    embedding = embedding_parameters(model)
+    target = getattr(cfg, "ratio", None)
+    if target is not None and basis != "total":
+        cfg.ratio = to_total(target, basis, dense_params, embedding)
+        log.info("ratio %g of the %s parameters = %.6f of all parameters", target, basis,
+                 cfg.ratio)
+    _check_loaded(method, spec, model, cfg, accept_ratio_miss, calibration_seq_len)
     calib = (token_windows(calibration, tokenizer, calibration_seq_len, n_calibration, seed)
              if spec.needs_calibration and calibration is not None else None)
     start = time.perf_counter()
@@ -77,12 +90,17 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         result = spec.compress(model, tokenizer, calib, cfg)
     faults.point("compress:done")
     seconds = time.perf_counter() - start
+    compressed = count_parameters(result.model)
+    extra: dict[str, Any] = {}
+    if basis != "total":  # total-basis manifests stay as they were
+        extra["compression_basis"] = {
+            "basis": basis, "target": target, "embedding_params": embedding,
+            "achieved": achieved_ratios(dense_params, compressed, embedding)}
     manifest = Manifest.new(
         method, config=_jsonable(cfg), base_model=str(model_spec), structure=result.structure,
-        info=result.info, dense_params=dense_params,
-        compressed_params=count_parameters(result.model),
-        calibration=_calibration_record(calibration, calib, seed), seed=seed, dtype=dtype, compress_seconds=round(seconds, 3),
-        device=str(model_device(model)))
+        info=result.info, dense_params=dense_params, compressed_params=compressed,
+        calibration=_calibration_record(calibration, calib, seed), seed=seed, dtype=dtype,
+        compress_seconds=round(seconds, 3), device=str(model_device(model)), **extra)
     return publish_compressed(result.model, tokenizer, manifest, out_dir, force=force)
 
 
@@ -124,6 +142,15 @@ def _calibration_record(calibration: str | None, calib: torch.Tensor | None,
         return None
     return {"file": str(calibration), "n_windows": int(calib.shape[0]),
             "seq_len": int(calib.shape[1]), "sample_seed": seed}
+
+
+def check_basis_for(spec: Any, basis: str) -> None:
+    """``ValueError`` for an unknown basis, or ``non_embedding`` with a method that removes
+    embedding parameters (``MethodFacts.embedding_surgery``: its ratio is total-basis only)."""
+    check_basis(basis)
+    if basis != "total" and spec.facts.embedding_surgery:
+        raise ValueError(f"{spec.name} removes embedding parameters, so its ratio is defined "
+                         f"on the total basis only (got basis {basis!r})")
 
 
 def check_ratio_reach(method: str, model: Any, cfg: Any, accept_miss: bool = False) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from flexigpt.compression_basis import total_target
 from flexigpt.model_skeletons import checkpoint_skeleton, resource_skeleton
 
 MAX_LISTED = 10
@@ -39,8 +40,10 @@ RATIO_SETTING = "r{:g}"
 SETTING_PATTERN = re.compile(r"r0\.[0-9]+")
 #: offline resource builders → the checkpoint folder they produce (``model.resource``)
 RESOURCE_MODELS = {"smollm2": "resources/models/smollm2-135m",
+                   "gemma3-270m": "resources/models/gemma3-270m",
                    "tiny-llama": "resources/models/tiny-llama",
-                   "tiny-opt": "resources/models/tiny-opt"}
+                   "tiny-opt": "resources/models/tiny-opt",
+                   "tiny-gemma3": "resources/models/tiny-gemma3"}
 
 
 class ConfigError(ValueError):
@@ -212,6 +215,12 @@ def check_run_options(config: dict[str, Any], grid: GridView,
             spec.check_family(model)
         except UnsupportedArchitectureError as err:
             return [(f"methods.{run.method}", str(err))]
+        basis = run.compress_params().get("basis", "total")
+        if basis != "total" and hasattr(cfg, "ratio"):
+            if spec.facts.embedding_surgery:
+                return [("compression_basis", f"{run.method} removes embedding parameters, so "
+                         f"its ratio is defined on the total basis only (got {basis!r})")]
+            cfg.ratio = total_target(model, cfg.ratio, basis)
         found = check_sizes(run, cfg, model)
         if found is not None:
             return [(_where(sources, found[0]), found[1])]
@@ -275,7 +284,7 @@ def check_model_paths(grid: GridView) -> list[tuple[str, str]]:
                         f"model {key!r}: {path!r} looks like a local path but does not exist "
                         f"(relative to {Path.cwd()}); build it with a resource rule (set "
                         f"model.resource; {builders}), fetch it (`flexigpt fetch "
-                        f"smollm2|tiny-llama|tiny-opt`), or give a hub id (org/name)"))
+                        f"{'|'.join(RESOURCE_MODELS)}`), or give a hub id (org/name)"))
     return out
 
 

@@ -49,7 +49,10 @@ def resource_skeleton(resource: str | None) -> Any:
     (:data:`flexigpt.config_check.RESOURCE_MODELS`), for checks before the resource is built; None for
     an unknown name. Tiny models: ``make_model`` with the default ``TinyModelConfig``;
     ``smollm2``: the architecture its converter checks (``smollm2.EXPECTED``, tied
-    embeddings). Parameter counts match the built models' up to the trained vocabulary."""
+    embeddings); ``gemma3-270m``: a ``Gemma3ForCausalLM`` of ``gemma3.EXPECTED`` and
+    ``gemma3.OTHER_CONFIG`` (both checked on the converted config, so 268,098,176 parameters
+    like the built model). Parameter counts match the built models' up to the trained
+    vocabulary."""
     if resource is None:
         return None
     import torch
@@ -62,6 +65,13 @@ def resource_skeleton(resource: str | None) -> Any:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(
                 LlamaConfig(**EXPECTED, tie_word_embeddings=True))
+    if resource == "gemma3-270m":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        from flexigpt.resources import gemma3
+
+        with torch.device("meta"):
+            return Gemma3ForCausalLM(Gemma3TextConfig(**gemma3.EXPECTED, **gemma3.OTHER_CONFIG))
     from flexigpt.resources.tiny_models import FAMILIES, TinyModelConfig, make_model
 
     family = {name: fam for fam, name in FAMILIES.items()}.get(resource)

@@ -156,7 +156,8 @@ class Method:
         the model's family is one of ``facts.families``."""
         from flexigpt.models.adapters import require_family
 
-        require_family(model_or_config, self.name, self.facts.families)
+        require_family(model_or_config, self.name, self.facts.families,
+                       dict(self.facts.family_refusals))
 
     def accepts(self, option: str) -> bool:
         """Whether the method's config has a field named ``option``."""
@@ -188,6 +189,11 @@ class MethodFacts:
             calibration text; ``flexigpt compress`` requires ``--calibration``).
         families: model families (``ArchAdapter.family``) it handles; any other is refused
             (:meth:`Method.check_family`) with an error naming both.
+        embedding_surgery: its compression removes embedding parameters (SliceGPT slices
+            them), so its ratio is defined on the total basis only
+            (:mod:`flexigpt.compression_basis`).
+        family_refusals: ``(family, reason)`` pairs: why it refuses a family the adapters
+            know (added to the refusal; docs/families.md).
         block_influence: it ranks blocks by Block Influence (the DAG computes the scores
             once per model and passes them to every such method).
         speculative: its models have a self-speculative draft (the model without its
@@ -220,6 +226,8 @@ class MethodFacts:
     label: str
     calibration: bool = True
     families: tuple[str, ...] = ("llama", "opt")
+    family_refusals: tuple[tuple[str, str], ...] = ()
+    embedding_surgery: bool = False
     block_influence: bool = False
     speculative: bool = False
     timed: bool = False
@@ -232,38 +240,54 @@ class MethodFacts:
     paper_variants: tuple[str, ...] = ()
 
 
+#: every family the adapters know (``flexigpt.models.adapters.ADAPTERS``; a test keeps them equal)
+ALL_FAMILIES = ("llama", "opt", "gemma3")
+#: why methods refuse Gemma 3 (docs/families.md)
+SANDWICH_NORMS_BREAK_INVARIANCE = (
+    "its post-norms on every sub-layer's output break the computational invariance SliceGPT's "
+    "rotation needs (the official code does not support it either)")
+MAP_PAST_POST_NORM = (
+    "the linear map cannot be folded into down_proj past the MLP's post-norm, and the harness "
+    "has no non-stock ReplaceMe checkpoint to hold it")
+
 #: name → facts, in table order (rows of every table follow this order).
 METHODS: dict[str, MethodFacts] = {
     "dense": MethodFacts("flexigpt.methods.dense:METHOD", "Dense", calibration=False,
-                         timed=True),
+                         timed=True, families=ALL_FAMILIES),
     "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT",
                             variant_labels=(("rft", "SliceGPT + RFT"),),
                             paper_variants=("default", "rft"),
-                            structure_defaults=(("head_bias", False),)),
+                            structure_defaults=(("head_bias", False),),
+                            family_refusals=(("gemma3", SANDWICH_NORMS_BREAK_INVARIANCE),),
+                            embedding_surgery=True),
     "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner",
                               variant_labels=(("lora", "LLM-Pruner + LoRA"),),
-                              paper_variants=("default", "lora")),
+                              paper_variants=("default", "lora"), families=ALL_FAMILIES),
     "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT",
                             block_influence=True, timed=True, block_count="remove",
                             variant_labels=(("last3", "ShortGPT + FT last 3 blocks & head"),),
-                            replacement="nothing (skip)", paper_variants=("default",)),
+                            replacement="nothing (skip)", paper_variants=("default",),
+                            families=ALL_FAMILIES),
     "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",
                                  block_influence=True, block_count="remove",
-                                 replacement="nothing (skip)", paper_variants=("default",)),
+                                 replacement="nothing (skip)", paper_variants=("default",),
+                                 families=ALL_FAMILIES),
     "replaceme": MethodFacts("baselines.replaceme.method:METHOD", "ReplaceMe",
                              block_count="remove", timed=True,
                              variant_labels=(("lora", "ReplaceMe + LoRA"),),
-                             replacement="linear map (folded)"),
+                             replacement="linear map (folded)",
+                             family_refusals=(("gemma3", MAP_PAST_POST_NORM),)),
     "streamline": MethodFacts("baselines.streamline.method:METHOD", "LLM-Streamline",
                               timed=True, variant_labels=(("lora", "LLM-Streamline + LoRA"),),
-                              replacement="one trained module"),
+                              replacement="one trained module", families=ALL_FAMILIES),
     "flexigpt": MethodFacts("flexigpt.methods.prune:METHOD", "FlexiGPT",
                             block_influence=True, speculative=True, timed=True,
                             block_count="replace", start_stage=True, manifest_figures=True,
                             variant_labels=(("lora_all", "FlexiGPT + LoRA on unpruned blocks"),),
-                            replacement="weight-shared block + LoRA"),
+                            replacement="weight-shared block + LoRA", families=ALL_FAMILIES),
     "flexigpt_extend": MethodFacts("flexigpt.methods.extend:METHOD", "FlexiGPT extension",
-                                   calibration=False, speculative=True, timed=True),
+                                   calibration=False, speculative=True, timed=True,
+                                   families=ALL_FAMILIES),
 }
 
 

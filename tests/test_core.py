@@ -174,7 +174,13 @@ def test_registry_owns_the_method_facts():
         run = Run(model="m", method=name, variant="default", setting="r0.3")
         assert run.needs_calibration == facts.calibration
         assert run.uses_block_influence == facts.block_influence
-    assert all(set(f.families) == {"llama", "opt"} for f in METHODS.values())
+    from flexigpt.models.adapters import ADAPTERS
+    from flexigpt.registry import ALL_FAMILIES
+
+    assert set(ALL_FAMILIES) == {a.family for a in ADAPTERS.values()}
+    for name, f in METHODS.items():  # every known family: handled, or refused with a reason
+        assert set(f.families) | {fam for fam, _ in f.family_refusals} == set(ALL_FAMILIES), name
+        assert not set(f.families) & {fam for fam, _ in f.family_refusals}, name
     from flexigpt.registry import methods_with
 
     assert methods_with("timed") == ("dense", "shortgpt", "replaceme", "streamline", "flexigpt",

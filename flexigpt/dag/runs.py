@@ -62,6 +62,7 @@ class Run:
     budget_tokens: int | None = None  # a budget-ladder point: its token budget
     budget_variant: str | None = None  # ... and the Table 1 variant it recovers again
     scored_tasks: bool = True  # stage final scores the tasks (else perplexity only)
+    basis: str = "total"  # what the ratio is a fraction of (flexigpt.compression_basis)
 
     @property
     def key(self) -> Key:
@@ -130,8 +131,9 @@ class Run:
         options = dict(self.options)
         if self.ratio is not None:
             options["ratio"] = self.ratio
+        basis = {} if self.basis == "total" else {"basis": self.basis}  # total: params as before
         return {"method": self.method, "options": options, "seed": self.seed,
-                "dtype": self.dtype, "device": self.device, **self.calibration}
+                "dtype": self.dtype, "device": self.device, **self.calibration, **basis}
 
     def labels(self, stage: str) -> dict[str, Any]:
         """The result JSON's ``labels``; a budget-ladder point adds ``budget_tokens`` and

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from flexigpt.compression_basis import check_basis
 from flexigpt.config_check import check_model_resource
 from flexigpt.dag.derived import budget_runs, replicate_runs, table1_ratios
 from flexigpt.dag.runs import Key, Run
@@ -102,8 +103,9 @@ def start_build(config: dict[str, Any]) -> GridBuild:
     if data["task_source"] == "local" and not data.get("benchmarks"):
         raise ValueError("data.benchmarks is required when data.task_source is 'local'")
     key = model["key"]
+    basis = check_basis(config.get("compression_basis", "total"))
     return GridBuild(key, common={"calibration": calibration, "seed": seed, "dtype": dtype,
-                                  "device": device},
+                                  "device": device, "basis": basis},
                      paths={key: model["path"]}, resources={key: model["resource"]})
 
 

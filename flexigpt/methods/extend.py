@@ -180,10 +180,16 @@ def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
 
 
 def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
-    """Skeleton of the extended model: the original-depth model + the same layout surgery."""
-    original = get_adapter(config).with_depth(config, structure["original_layers"])
+    """Skeleton of the extended model: the original-depth model + the same layout surgery.
+
+    The original block ``s`` sat where ``layout`` first names it, so the original config is
+    the extended one at those positions (per-layer types included: a repeat keeps its
+    source's attention type, e.g. Gemma 3's sliding window)."""
+    layout = structure["layout"]
+    original = get_adapter(config).with_blocks(
+        config, [layout.index(s) for s in range(structure["original_layers"])])
     model = empty_model(original)
-    apply_layout(model, structure["layout"], structure["ranks"], structure["output_norm"],
+    apply_layout(model, layout, structure["ranks"], structure["output_norm"],
                  gamma_init=0.0, initialise=False,
                  eps=structure.get("output_norm_eps", OUTPUT_NORM_EPS))
     return model

@@ -42,8 +42,9 @@ def linear_numel(adapter: ArchAdapter, block: nn.Module) -> int:
 
 
 def prenorm_numel(adapter: ArchAdapter, block: nn.Module) -> int:
-    return sum(p.numel() for m in (adapter.input_norm(block), adapter.post_attn_norm(block))
-               for p in m.parameters())
+    """Parameters of a block's norms (``adapter.norm_names()``: the two pre-norms, plus any
+    post-norms and q/k norms of the family): what ``prenorm="share"`` saves per block."""
+    return sum(p.numel() for m in adapter.block_norms(block).values() for p in m.parameters())
 
 
 def adapter_numel(adapter: ArchAdapter, block: nn.Module, ranks: dict[str, int]) -> int:
@@ -99,7 +100,8 @@ def share_block(target: nn.Module, base: nn.Module, adapter: ArchAdapter, hidden
     """Turn ``target`` (in place) into a weight-shared block over ``base``'s linears.
 
     Every linear of ``target`` is replaced by ``SharedLoRALinear(base's linear, zeros, zeros)``
-    (so ``target``'s own linears are dropped); ``share_prenorms`` makes its two pre-norms the
+    (so ``target``'s own linears are dropped); ``share_prenorms`` makes its norms
+    (``adapter.norm_names()``: the two pre-norms, plus a family's post-norms and q/k norms) the
     base's modules; ``output_norm`` wraps its attention's and MLP's residual writers
     (``adapter.writers()``: the attention and MLP modules on Llama, ``fc2`` on OPT) in
     :class:`OutputNorm`.
@@ -119,8 +121,8 @@ def share_block(target: nn.Module, base: nn.Module, adapter: ArchAdapter, hidden
         _set_child(target, name, module)
         out[name] = module
     if share_prenorms:
-        setattr(target, adapter.input_norm_name, adapter.input_norm(base))
-        setattr(target, adapter.post_attn_norm_name, adapter.post_attn_norm(base))
+        for name, norm in adapter.block_norms(base).items():
+            _set_child(target, name, norm)
     if output_norm:
         for sub in adapter.writers():
             _set_child(target, sub, OutputNorm(_get_child(target, sub), hidden_size, gamma_init,

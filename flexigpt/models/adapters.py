@@ -4,9 +4,10 @@ Methods (FlexiGPT, ShortGPT, SliceGPT, LLM-Pruner) touch models exclusively thro
 :class:`ArchAdapter`, selected by ``config.model_type`` from :data:`ADAPTERS`, and answer by
 role: the blocks, the linears that read / write the residual stream, the module whose
 output is each sub-layer's contribution to it (``*_writer_name``), the pre-norms. Families:
-Llama (2, 3), Mistral, Qwen2, Qwen3 (:data:`LLAMA`) and OPT (:data:`OPT`: no MLP module,
-``fc1``/``fc2`` on the block, LayerNorms with bias, learned positions). A method that cannot
-handle a family says so with :func:`require_family`.
+Llama (2, 3), Mistral, Qwen2, Qwen3 (:data:`LLAMA`), OPT (:data:`OPT`: no MLP module,
+``fc1``/``fc2`` on the block, LayerNorms with bias, learned positions) and Gemma 3 text
+(:data:`GEMMA3`: sandwich norms, q/k norms, sliding-window and global layers interleaved). A
+method that cannot handle a family says so with :func:`require_family`.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ class ArchAdapter:
     # True for pre-norm blocks, and an embedding width that must equal hidden_size
     pre_norm_attr: str = ""
     embed_width_attr: str = ""
+    # from a block: norms besides the two pre-norms (post-norms on each sub-layer's output,
+    # q/k norms inside attention); FlexiGPT's ``prenorm="share"`` shares them with the rest
+    extra_norm_names: tuple[str, ...] = ()
+    # why the blocks' residual stream is not a plain pre-norm one whatever the config says
+    # (e.g. post-norms on each sub-layer's output); "" = it is, up to the config checks above
+    residual_stream_note: str = ""
 
     # ---- whole model -------------------------------------------------------------------
     def layers(self, model: nn.Module) -> nn.ModuleList:
@@ -73,7 +80,16 @@ class ArchAdapter:
         return _get(model, self.layers_path)
 
     def set_layers(self, model: nn.Module, blocks: list[nn.Module]) -> None:
-        """Replace the block list, renumber KV-cache indices and update the config depth."""
+        """Replace the block list, renumber KV-cache indices and update the config depth.
+
+        Per-layer ``layer_types`` (sliding-window vs global attention) follow the blocks: a
+        block of the current stack keeps its own type, a new block (a repeat or copy) the
+        type its attention was built with, and a module without attention (LLM-Streamline's
+        FFN, which reads no mask) its predecessor's type (the next block's when first).
+        """
+        cfg: Any = model.config  # an HF config: its fields vary by family
+        layer_types = getattr(cfg, "layer_types", None)
+        new_types = None if layer_types is None else self._types_of(model, blocks, layer_types)
         parent_path, name = self.layers_path.rsplit(".", 1)
         setattr(_get(model, parent_path), name, nn.ModuleList(blocks))
         for i, block in enumerate(blocks):
@@ -81,17 +97,34 @@ class ArchAdapter:
             inner = attn.get_base_layer() if hasattr(attn, "get_base_layer") else attn
             if hasattr(inner, self.layer_idx_attr):
                 setattr(inner, self.layer_idx_attr, i)
-        cfg: Any = model.config  # an HF config: its fields vary by family
-        old = cfg.num_hidden_layers
+            if hasattr(block, self.layer_idx_attr):  # Gemma 3 blocks carry it too
+                setattr(block, self.layer_idx_attr, i)
         cfg.num_hidden_layers = len(blocks)
-        layer_types = getattr(cfg, "layer_types", None)
-        if layer_types is not None and len(layer_types) == old and len(set(layer_types)) == 1:
-            cfg.layer_types = [layer_types[0]] * len(blocks)
-        elif layer_types is not None and len(layer_types) != len(blocks):
+        if new_types is not None:
+            cfg.layer_types = new_types
+
+    def _types_of(self, model: nn.Module, blocks: list[nn.Module],
+                  layer_types: list[str]) -> list[str]:
+        """``layer_types`` of the stack ``blocks`` (see :meth:`set_layers`)."""
+        if len(set(layer_types)) == 1:
+            return [layer_types[0]] * len(blocks)
+        current = list(self.layers(model))
+        if len(current) != len(layer_types):
             raise UnsupportedArchitectureError(
-                f"model has per-layer types {sorted(set(layer_types))}; changing its depth is "
-                "not supported by this adapter"
-            )
+                f"config has {len(layer_types)} layer_types for {len(current)} blocks")
+        by_id = {id(b): t for b, t in zip(current, layer_types)}
+        found: list[str | None] = []
+        for block in blocks:
+            attn: Any = getattr(block, self.attn_name, None)
+            inner = attn.get_base_layer() if hasattr(attn, "get_base_layer") else attn
+            found.append(by_id.get(id(block), getattr(inner, "layer_type", None)))
+        known = [t for t in found if t is not None]
+        if not known:
+            raise UnsupportedArchitectureError("no block of the new stack has a layer type")
+        out: list[str] = []
+        for t in found:
+            out.append(t if t is not None else (out[-1] if out else known[0]))
+        return out
 
     def with_blocks(self, config: Any, kept: list[int]) -> Any:
         """A copy of ``config`` for a model made of the blocks ``kept`` (positions in
@@ -101,20 +134,6 @@ class ArchAdapter:
         layer_types = getattr(config, "layer_types", None)
         if layer_types is not None:
             out.layer_types = [layer_types[i] for i in kept]
-        return out
-
-    def with_depth(self, config: Any, n: int) -> Any:
-        """A copy of ``config`` at depth ``n`` (uniform ``layer_types`` only: a stack of
-        mixed layer types has no defined depth-``n`` version)."""
-        layer_types = getattr(config, "layer_types", None)
-        if layer_types is not None and len(set(layer_types)) > 1:
-            raise UnsupportedArchitectureError(
-                f"model has per-layer types {sorted(set(layer_types))}; changing its depth is "
-                "not supported by this adapter")
-        out = copy.deepcopy(config)
-        out.num_hidden_layers = n
-        if layer_types is not None:
-            out.layer_types = [layer_types[0]] * n
         return out
 
     def embed(self, model: nn.Module) -> nn.Embedding:
@@ -145,6 +164,8 @@ class ArchAdapter:
         problems = []
         if self.pre_norm_attr and not getattr(config, self.pre_norm_attr, True):
             problems.append(f"post-norm blocks ({self.pre_norm_attr}=False)")
+        if self.residual_stream_note:
+            problems.append(self.residual_stream_note)
         width = getattr(config, self.embed_width_attr, None) if self.embed_width_attr else None
         if width is not None and width != config.hidden_size:
             problems.append(f"embeddings of width {self.embed_width_attr}={width} projected to "
@@ -168,6 +189,14 @@ class ArchAdapter:
 
     def input_norm(self, block: nn.Module) -> nn.Module:
         return getattr(block, self.input_norm_name)
+
+    def norm_names(self) -> tuple[str, ...]:
+        """Dotted names (from a block) of every norm of a block: the two pre-norms first."""
+        return (self.input_norm_name, self.post_attn_norm_name, *self.extra_norm_names)
+
+    def block_norms(self, block: nn.Module) -> dict[str, nn.Module]:
+        """``{dotted name: norm module}`` of one block (:meth:`norm_names`)."""
+        return {name: _get(block, name) for name in self.norm_names()}
 
     def post_attn_norm(self, block: nn.Module) -> nn.Module:
         return getattr(block, self.post_attn_norm_name)
@@ -229,19 +258,38 @@ OPT = ArchAdapter(model_types=("opt",), family="opt", layers_path="model.decoder
                   roles=(("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj"),
                          ("up", "fc1"), ("down", "fc2")))
 
+#: Gemma 3, text only (``Gemma3ForCausalLM``, ``model_type`` ``gemma3_text``): each sub-layer
+#: is wrapped in a pre-norm *and* a post-norm (``input_layernorm`` → attention →
+#: ``post_attention_layernorm``; ``pre_feedforward_layernorm`` → MLP →
+#: ``post_feedforward_layernorm``), so what a sub-layer adds to the residual stream is its
+#: post-norm's output (the residual writers); q/k RMSNorms over ``head_dim`` inside attention;
+#: RMSNorms scale by ``1 + w``; embeddings scaled by √d; ``config.layer_types`` interleaves
+#: sliding-window and global attention (each with its own rotary base), read by position.
+GEMMA3 = ArchAdapter(
+    model_types=("gemma3_text",), family="gemma3",
+    post_attn_norm_name="pre_feedforward_layernorm",
+    attn_writer_name="post_attention_layernorm", mlp_writer_name="post_feedforward_layernorm",
+    extra_norm_names=("post_attention_layernorm", "post_feedforward_layernorm",
+                      "self_attn.q_norm", "self_attn.k_norm"),
+    residual_stream_note="post-norms on every sub-layer's output (Gemma's sandwich norms: "
+                         "a rotation of the residual stream does not commute with them)")
+
 #: model_type → adapter. Register a new family by adding its adapter here.
-ADAPTERS: dict[str, ArchAdapter] = {t: a for a in (LLAMA, OPT) for t in a.model_types}
+ADAPTERS: dict[str, ArchAdapter] = {t: a for a in (LLAMA, OPT, GEMMA3) for t in a.model_types}
 
 
-def require_family(model_or_config: object, method: str, families: tuple[str, ...]) -> None:
+def require_family(model_or_config: object, method: str, families: tuple[str, ...],
+                   reasons: dict[str, str] | None = None) -> None:
     """Raise :class:`UnsupportedArchitectureError` naming ``method`` and the model's family
-    unless the family (``ArchAdapter.family``) is one of ``families``."""
+    unless the family (``ArchAdapter.family``) is one of ``families``; the message (one
+    line) gives ``reasons[family]`` where the method states one."""
     adapter = get_adapter(model_or_config)
     if adapter.family not in families:
+        why = (reasons or {}).get(adapter.family)
         raise UnsupportedArchitectureError(
             f"{method} does not support the {adapter.family!r} family (model_type "
             f"{getattr(getattr(model_or_config, 'config', model_or_config), 'model_type', None)!r}"
-            f"); it supports {list(families)}")
+            f"){': ' + why if why else ''}; it supports {list(families)}")
 
 
 def get_adapter(model_or_config: object) -> ArchAdapter:

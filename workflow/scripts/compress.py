@@ -25,4 +25,4 @@ if "match" in snakemake.input.keys():
 compress(run["method"], snakemake.params.model, snakemake.output.model, options=options,
          calibration=snakemake.input.get("text"), n_calibration=run["n_calibration"],
          calibration_seq_len=run["seq_len"], seed=run["seed"], dtype=run["dtype"],
-         device=run["device"])
+         device=run["device"], basis=run.get("basis", "total"))

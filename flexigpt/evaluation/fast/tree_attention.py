@@ -44,11 +44,18 @@ def tree_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     """transformers attention function: ``query [1, Hq, N, D]``, ``key/value [1, Hkv, N, D]``
     → ``([1, N, Hq, D], None)``, attention restricted to each bucket's tree mask.
 
-    Without ``tree_layout`` this is transformers' ``sdpa`` attention, unchanged.
+    Without ``tree_layout`` this is transformers' ``sdpa`` attention, unchanged. A sliding-
+    window layer (``sliding_window`` keyword) is exact while no row is wider than its window
+    (every pair of a row is then inside it); a wider row is refused, never scored wrongly.
     """
     if tree_layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
+    window = kwargs.get("sliding_window")  # Gemma 3's local layers pass their window
+    widest = max((b.width for b in tree_layout.buckets), default=0)
+    if window is not None and widest > window:
+        raise ValueError(f"tree attention has no sliding-window mask: a row of {widest} tokens "
+                         f"is wider than the layer's {window}-token window")
     batch, heads, length, dim = query.shape
     if batch != 1 or length != tree_layout.length:
         raise ValueError(f"tree attention needs one sequence of {tree_layout.length} tokens, "
