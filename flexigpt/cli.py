@@ -48,6 +48,20 @@ INPUT_TEXTS: dict[str, tuple[str, ...]] = {"compress": ("calibration",),
                                            "extend": ("calibration",), "train": ("text",)}
 
 
+#: command → its flags naming input paths (models, texts, task data); an output may be none
+#: of them, lie inside none and contain none (``generate`` writes ``--json``)
+INPUT_PATHS: dict[str, tuple[str, ...]] = {
+    "compress": ("model", "calibration"), "extend": ("model",),
+    "train": ("model", "teacher", "text", "validation"),
+    "evaluate": ("model", "benchmarks", "ppl_text"), "export": ("model_dir",),
+    "generate": ("model", "prompts_file"), "fetch": ("text",)}
+
+
+def _flag_name(dest: str) -> str:
+    """How the user wrote an option: ``--prompts-file``; a positional as its metavar."""
+    return dest.upper() if dest == "model_dir" else f"--{dest.replace('_', '-')}"
+
+
 def _one_line(err: BaseException) -> str:
     text = err.args[0] if isinstance(err, KeyError) and len(err.args) == 1 else str(err)
     text = " ".join(str(text).split())
@@ -66,11 +80,17 @@ def _output_flag(args: argparse.Namespace) -> str | None:
 def _preflight(args: argparse.Namespace) -> None:
     """Checks that need no heavy work: the output directory (not foreign, writable), the
     input text files, the training window length."""
-    from flexigpt.fileio import check_output
+    from flexigpt.fileio import check_apart, check_output
     from flexigpt.input_files import check_file
     from flexigpt.preflight import check_writable
 
     out = _output_flag(args)
+    written = [(out, "--out")] if out else []
+    if args.command == "generate" and getattr(args, "json", None):
+        written.append((args.json, "--json"))
+    for path, flag in written:
+        check_apart(path, {_flag_name(name): getattr(args, name, None)
+                           for name in INPUT_PATHS.get(args.command, ())}, flag)
     if args.command in OUTPUT_KIND and out:
         check_output(out, OUTPUT_KIND[args.command], args.force)
     if out:

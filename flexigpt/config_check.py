@@ -288,6 +288,35 @@ def check_model_paths(grid: GridView) -> list[tuple[str, str]]:
     return out
 
 
+#: folders (relative to the workflow root) that the DAG's rules write into or replace
+DAG_OUTPUT_ROOTS = ("results", "logs", "benchmarks", ".snakemake")
+#: config keys naming a rule's input paths
+INPUT_KEYS = (("model", "path"), ("data", "train_text"), ("data", "calibration_text"),
+              ("data", "validation_text"), ("data", "benchmarks"))
+
+
+def check_inputs_apart(config: dict[str, Any],
+                       root: str | os.PathLike = ".") -> list[tuple[str, str]]:
+    """``[(key path, problem)]``: a config input (the model, the texts, the task data) that
+    lies in, is or contains a folder the DAG writes (:data:`DAG_OUTPUT_ROOTS` under
+    ``root``, resolved through symlinks), where a rule could replace it."""
+    from flexigpt.fileio import InputOverlapError, check_apart
+
+    problems = []
+    for section, key in INPUT_KEYS:
+        path = (config.get(section) or {}).get(key)
+        if not isinstance(path, str):
+            continue
+        for folder in DAG_OUTPUT_ROOTS:
+            try:
+                check_apart(Path(root) / folder, {f"{section}.{key}": path},
+                            out_flag="the DAG's output folder")
+            except InputOverlapError as err:
+                problems.append((f"{section}.{key}", str(err)))
+                break
+    return problems
+
+
 def check_model_resource(model: dict[str, Any]) -> None:
     """A resource model (``model.resource``) must live where its builder writes it.
 
@@ -379,7 +408,8 @@ def check_grid(config: dict[str, Any], grid: GridView) -> None:
             <key path>: <problem>``, before any job runs.
     """
     seen: dict[tuple[str, str], str] = {}
-    for where, problem in check_ratios(config) + check_model_paths(grid):
+    for where, problem in (check_ratios(config) + check_model_paths(grid)
+                           + check_inputs_apart(config)):
         seen.setdefault((where, problem), "")
     for run in grid.runs.values():
         found = check_run_options(config, grid, run)

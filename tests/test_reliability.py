@@ -8,6 +8,9 @@ import json
 import os
 import re
 import stat
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -362,34 +365,89 @@ def test_train_resaves_over_its_previous_output(tiny_checkpoint, text_file, tmp_
 
 
 # ---- 5. recovery without manual steps: a stale Snakemake lock ---------------------------
-def _fake_proc(root: Path, workdir: Path, argv: list[str] | None) -> Path:
-    proc = root / "proc"
-    (proc / "self").mkdir(parents=True)
-    (proc / "self" / "cwd").symlink_to(workdir)
-    if argv is not None:
-        (proc / "4242").mkdir()
-        (proc / "4242" / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
-        (proc / "4242" / "cwd").symlink_to(workdir)
-    return proc
+def _lock(work: Path, name: str = "0.input.lock") -> Path:
+    from flexigpt.commands.run import LOCK_DIR
 
-
-@pytest.mark.parametrize("argv,kept", [
-    (["/usr/bin/python3", "-m", "snakemake", "--cores", "2"], True),
-    (["/venv/bin/python", "/venv/bin/snakemake", "--cores", "all"], True),
-    (["/usr/bin/python3", "train.py"], False),
-    (None, False),
-])
-def test_stale_lock_is_cleared_a_live_one_kept(tmp_path, argv, kept):
-    from flexigpt.commands.run import LOCK_DIR, clear_stale_lock, snakemake_command
-
-    work = tmp_path / "work"
-    (work / LOCK_DIR).mkdir(parents=True)
-    lock = work / LOCK_DIR / "0.input.lock"
+    (work / LOCK_DIR).mkdir(parents=True, exist_ok=True)
+    lock = work / LOCK_DIR / name
     lock.write_text("x")
-    removed = clear_stale_lock(work, _fake_proc(tmp_path, work, argv))
-    assert lock.exists() == kept and (removed == []) == kept
+    return lock
+
+
+def _owner(work: Path, pid: int, start: str | None, locks: list[Path]) -> None:
+    from flexigpt.commands.run import LOCK_DIR, OWNER_FILE, lock_identity
+
+    record = {"pid": pid, "start": start, "locks": {p.name: lock_identity(p) for p in locks}}
+    (work / LOCK_DIR / OWNER_FILE).write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("flags", [["-m"], ["-X", "dev", "-m"], ["-u", "-m"]])
+def test_a_live_runs_lock_is_kept_however_it_was_started(tmp_path, flags):
+    """A run started without ``flexigpt run`` (any interpreter flags) has no owner record:
+    its lock is never removed, whatever its command line looks like."""
+    from flexigpt.commands.run import clear_stale_lock, snakemake_command
+
+    live = subprocess.Popen([sys.executable, *flags[:-1], "-c", "import time; time.sleep(60)"],
+                            cwd=tmp_path)
+    try:
+        lock = _lock(tmp_path)
+        assert clear_stale_lock(tmp_path) == [] and lock.exists()
+    finally:
+        live.kill()
+        live.wait()
     assert snakemake_command(["--cores", "2"])[-1] == "--rerun-incomplete"
     assert snakemake_command(["--rerun-incomplete"]).count("--rerun-incomplete") == 1
+
+
+def test_stale_lock_is_cleared_only_when_its_recorded_owner_is_gone(tmp_path):
+    from flexigpt.commands.run import LOCK_DIR, OWNER_FILE, clear_stale_lock, process_start
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = _lock(tmp_path)
+        _owner(tmp_path, live.pid, process_start(live.pid), [lock])
+        assert clear_stale_lock(tmp_path) == [] and lock.exists()  # owner alive
+        _owner(tmp_path, live.pid, "1", [lock])  # same pid, other start: a reused pid
+        assert clear_stale_lock(tmp_path) == [lock] and not lock.exists()
+        assert not (tmp_path / LOCK_DIR / OWNER_FILE).exists()
+    finally:
+        live.kill()
+        live.wait()
+    dead = live.pid
+    old = _lock(tmp_path)
+    _owner(tmp_path, dead, "1", [old])
+    old.unlink()  # `snakemake --unlock`, then a new run (not ours) locks again
+    newer = _lock(tmp_path)
+    assert clear_stale_lock(tmp_path) == [] and newer.exists()
+
+
+def test_owner_record_follows_the_run(tmp_path):
+    """``flexigpt run``'s record: its child's pid and start time, then the identities of
+    the lock files once they appear; a run killed with SIGKILL leaves a lock that the next
+    ``flexigpt run`` clears; a run that ends by itself leaves no record."""
+    from flexigpt.commands.run import LOCK_DIR, OWNER_FILE, OwnerRecord, clear_stale_lock
+
+    script = ("import pathlib, time; d = pathlib.Path('.snakemake/locks'); "
+              "d.mkdir(parents=True, exist_ok=True); (d / '0.output.lock').write_text('x'); "
+              "time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    owner = OwnerRecord(tmp_path, child, poll=0.05)
+    record = tmp_path / LOCK_DIR / OWNER_FILE
+    for _ in range(200):
+        if "0.output.lock" in json.loads(record.read_text())["locks"]:
+            break
+        time.sleep(0.05)
+    assert clear_stale_lock(tmp_path) == []  # live
+    child.kill()
+    child.wait()
+    owner.close()
+    assert record.exists()  # killed: the record stays for the next run
+    assert [p.name for p in clear_stale_lock(tmp_path)] == ["0.output.lock"]
+    quick = subprocess.Popen([sys.executable, "-c", "pass"], cwd=tmp_path)
+    done = OwnerRecord(tmp_path, quick)
+    quick.wait()
+    done.close()
+    assert not record.exists()
 
 
 def test_no_proc_leaves_the_lock(tmp_path):

@@ -21,20 +21,27 @@ from flexigpt.resources.wheels import ResourceError, Wheel, fetch_wheel
 WHEEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flexigpt/wheels"
 
 
-def make_fake_wheel(folder: Path, name: str = "fake-pkg", version: str = "0.1.0",
-                    payload: bytes = b"x") -> Path:
-    """A minimal valid pure-Python wheel (pip accepts it with --find-links)."""
+def make_wheel(folder: Path, name: str, version: str, members: dict[str, bytes]) -> Path:
+    """A minimal wheel of ``name==version`` holding ``members`` (path → bytes)."""
     dist = f"{name.replace('-', '_')}-{version}"
     path = folder / f"{dist}-py3-none-any.whl"
     folder.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr(f"{dist}.dist-info/METADATA",
                     f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        zf.writestr(f"{dist}.dist-info/WHEEL",
-                    "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        zf.writestr(f"{dist}.dist-info/RECORD", "")
-        zf.writestr("fake_pkg/data.bin", payload)
+        for member, data in members.items():
+            zf.writestr(member, data)
     return path
+
+
+def make_fake_wheel(folder: Path, name: str = "fake-pkg", version: str = "0.1.0",
+                    payload: bytes = b"x") -> Path:
+    """A minimal valid pure-Python wheel (pip accepts it with --find-links)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    return make_wheel(folder, name, version, {
+        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: "
+                                   b"true\nTag: py3-none-any\n",
+        f"{dist}.dist-info/RECORD": b"", "fake_pkg/data.bin": payload})
 
 
 # ---------------------------------------------------------------- wheels
@@ -105,17 +112,6 @@ def test_pinned_wheels_are_well_formed() -> None:
 
 # ---------------------------------------------------------------- Gemma 3 (fake wheels)
 
-def make_wheel(folder: Path, name: str, version: str, members: dict[str, bytes]) -> Path:
-    """A minimal wheel of ``name==version`` holding ``members`` (path → bytes)."""
-    dist = f"{name.replace('-', '_')}-{version}"
-    path = folder / f"{dist}-py3-none-any.whl"
-    folder.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{dist}.dist-info/METADATA",
-                    f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        for member, data in members.items():
-            zf.writestr(member, data)
-    return path
 
 
 def sha(data: bytes) -> str:

@@ -4,21 +4,27 @@
 same options plus ``--rerun-incomplete`` (outputs are written atomically, so a job that was
 cut simply runs again). A kill -9 leaves Snakemake's lock in ``.snakemake/locks/``, and plain
 ``snakemake`` then stops with ``LockException`` until ``--unlock``; this command removes the
-lock first when it is *stale*: no live ``snakemake`` process has the working directory as
-its own (read from ``/proc``; where ``/proc`` is unavailable, the lock is left alone and
-Snakemake's own message says what to do). A live run's lock is never touched.
+lock first when it is *stale*: the ``flexigpt run`` that started it recorded the snakemake
+process (pid and start time, :class:`OwnerRecord`) and its lock files, that process is gone,
+and the lock files are the ones it recorded. Nothing is decided from command lines: a lock
+of a run started any other way (``python -X dev -m snakemake ...``), of a live run, or one
+the record does not name is left alone, and Snakemake's own message says what to do.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from flexigpt.config_check import ConfigError, check_config_files
+from flexigpt.fileio import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -34,46 +40,109 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--configfile config/smoke.yaml)")
 
 
-def live_snakemake_pids(workdir: Path, proc: Path = Path("/proc")) -> list[int] | None:
-    """PIDs of running ``snakemake`` processes whose working directory is ``workdir``
-    (this process excluded); None when ``/proc`` cannot tell."""
-    if not (proc / "self" / "cwd").exists():
+#: in the lock folder: who holds the lock ``flexigpt run`` started (pid, start time, the
+#: lock files' identities)
+OWNER_FILE = "flexigpt-run-owner.json"
+
+
+def process_start(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, field 22 of
+    ``/proc/<pid>/stat``): with the pid it names one process for good, since a reused pid
+    starts later. None when no such process runs (or ``/proc`` cannot tell)."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
         return None
-    target = workdir.resolve()
-    found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            cwd = Path(os.readlink(entry / "cwd")).resolve()
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if cwd == target and any(Path(a.decode(errors="replace")).name == "snakemake"
-                                 for a in argv[:3]):
-            found.append(int(entry.name))
-    return found
+    fields = stat.rsplit(")", 1)[-1].split()  # the command name may hold spaces and ')'
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def lock_identity(path: Path) -> list[int]:
+    """``[inode, mtime_ns]`` of a lock file: a lock written by another run differs."""
+    st = path.stat()
+    return [st.st_ino, st.st_mtime_ns]
 
 
 def clear_stale_lock(workdir: Path, proc: Path = Path("/proc")) -> list[Path]:
-    """Remove ``workdir/.snakemake/locks/*`` when no live snakemake runs there; returns
-    the files removed (none when there is no lock, a live run, or no ``/proc``)."""
-    locks = sorted((workdir / LOCK_DIR).glob("*.lock"))
+    """Remove ``workdir/.snakemake/locks/*.lock`` only when its owner is provably gone: the
+    owner record a ``flexigpt run`` wrote names a process that no longer runs (pid and start
+    time) and every lock file is one that run recorded (inode and mtime). A lock with no
+    record (a run started any other way, or killed before its lock was recorded), a live
+    owner, or a lock file the record does not name is left alone, and Snakemake's own
+    message says what to do. Returns the files removed."""
+    lock_dir = workdir / LOCK_DIR
+    locks = sorted(lock_dir.glob("*.lock"))
     if not locks:
         return []
-    live = live_snakemake_pids(workdir, proc)
-    if live is None:
+    if not (proc / "self").exists():
         log.warning("cannot tell whether %s is locked by a live run (no /proc); leaving it",
-                    workdir / LOCK_DIR)
+                    workdir)
         return []
-    if live:
-        log.info("snakemake is running in %s (pid %s); its lock is kept", workdir, live)
+    try:
+        record = json.loads((lock_dir / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        log.warning("%s is locked by a run flexigpt run did not start (no owner record); "
+                    "left alone: if no run is live there, `snakemake --unlock` frees it",
+                    workdir)
+        return []
+    if process_start(int(record["pid"]), proc) == record["start"]:
+        log.info("snakemake is running in %s (pid %s); its lock is kept", workdir,
+                 record["pid"])
+        return []
+    recorded = record.get("locks") or {}
+    if any(recorded.get(lock.name) != lock_identity(lock) for lock in locks):
+        log.warning("%s holds a lock its last flexigpt run did not write; left alone: if no "
+                    "run is live there, `snakemake --unlock` frees it", workdir)
         return []
     for lock in locks:
         lock.unlink(missing_ok=True)
-    log.info("removed a stale Snakemake lock (no snakemake process runs in %s): %s",
-             workdir, ", ".join(p.name for p in locks))
+    (lock_dir / OWNER_FILE).unlink(missing_ok=True)
+    log.info("removed a stale Snakemake lock (its run, pid %s, is gone): %s", record["pid"],
+             ", ".join(p.name for p in locks))
     return locks
+
+
+class OwnerRecord:
+    """Keeps ``OWNER_FILE`` for the snakemake process ``child`` while it runs: written at
+    once (pid, start time), then again with the lock files' identities as soon as they
+    appear; removed when the run ends without leaving a lock (a killed run leaves both, for
+    :func:`clear_stale_lock`)."""
+
+    def __init__(self, workdir: Path, child: subprocess.Popen, proc: Path = Path("/proc"),
+                 poll: float = 0.2) -> None:
+        self.path = workdir / LOCK_DIR / OWNER_FILE
+        self.child, self.poll = child, poll
+        self.record: dict[str, Any] = {"pid": child.pid, "start": process_start(child.pid, proc),
+                                       "locks": {}}
+        self._write()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path, json.dumps(self.record, sort_keys=True))
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and self.child.poll() is None:
+            locks = {}
+            for lock in self.path.parent.glob("*.lock"):
+                try:
+                    locks[lock.name] = lock_identity(lock)
+                except OSError:  # removed meanwhile
+                    continue
+            if locks and locks != self.record["locks"]:
+                self.record["locks"] = locks
+                self._write()
+            self._stop.wait(self.poll)
+
+    def close(self) -> None:
+        """Stop watching; once the child has ended, remove the record unless it left a lock
+        behind (killed: the record lets the next run clear that lock)."""
+        self._stop.set()
+        self._thread.join()
+        if self.child.poll() is not None and not any(self.path.parent.glob("*.lock")):
+            self.path.unlink(missing_ok=True)
 
 
 def export_harness_python(uses_conda: bool) -> str:
@@ -128,4 +197,16 @@ def run(args: argparse.Namespace) -> int:
         if flag in passed and passed.index(flag) + 1 < len(passed):
             workdir = Path(passed[passed.index(flag) + 1])
     clear_stale_lock(workdir)
-    return subprocess.run(snakemake_command(passed)).returncode
+    child = subprocess.Popen(snakemake_command(passed))
+    owner = OwnerRecord(workdir, child)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:  # snakemake got the same SIGINT: let it stop its jobs
+        try:
+            return child.wait(timeout=60)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            child.kill()
+            child.wait()
+            return 130
+    finally:
+        owner.close()

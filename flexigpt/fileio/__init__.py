@@ -5,7 +5,7 @@
                               atomic_write_text/bytes, the output marker, check_output,
                               clean_partials, force_outputs, sha256_file
     flexigpt.fileio.checks    a directory holds only what was recorded, nothing outside
-                              itself: check_inside, check_listed, unlisted, verify_files,
+                              itself, an output apart from its inputs: check_apart, check_inside, check_listed, unlisted, verify_files,
                               verify_marker
 
 Every public name of both is importable from here.
@@ -17,6 +17,8 @@ from flexigpt.fileio.checks import (
     PICKLE_SUFFIXES,
     REWRITABLE,
     WORKFLOW_FILES,
+    InputOverlapError,
+    check_apart,
     check_inside,
     check_listed,
     escapes,
@@ -43,6 +45,7 @@ from flexigpt.fileio.outputs import (
 )
 
 __all__ = ["MANIFEST", "MARKER", "PICKLE_SUFFIXES", "REWRITABLE", "WORKFLOW_FILES",
+           "InputOverlapError", "check_apart",
            "CheckpointError", "OutputExistsError", "atomic_directory", "atomic_write_bytes",
            "atomic_write_text", "check_inside", "check_listed", "check_output",
            "clean_partials", "current_umask", "escapes", "force_outputs", "kind_of",

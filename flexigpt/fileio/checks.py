@@ -38,6 +38,38 @@ def escapes(name: str) -> bool:
             or bool(PureWindowsPath(name).drive) or ".." in parts)
 
 
+class InputOverlapError(ValueError):
+    """An output path that is, lies inside, or contains one of the command's inputs."""
+
+
+def check_apart(out: str | os.PathLike, inputs: dict[str, str | os.PathLike | None],
+                out_flag: str = "--out") -> None:
+    """Refuse an output that would land in, or replace, an input: ``out`` equal to, inside,
+    or containing any existing path of ``inputs`` (``{flag: path}``; None and paths that do
+    not exist, such as hub ids, are skipped), both resolved through symlinks. One line
+    naming both paths, before any work.
+
+    Raises:
+        InputOverlapError: the first overlap found.
+    """
+    target = Path(out).expanduser().resolve()
+    for flag, path in inputs.items():
+        if path is None or not Path(path).expanduser().exists():
+            continue
+        source = Path(path).expanduser().resolve()
+        if target == source:
+            how = "is"
+        elif source in target.parents:
+            how = "lies inside"
+        elif target in source.parents:
+            how = "contains"
+        else:
+            continue
+        raise InputOverlapError(f"{out_flag} {out} ({target}) {how} the input {flag} {path} "
+                                f"({source}): outputs are kept apart from inputs, so one "
+                                f"cannot replace or land in the other")
+
+
 def check_inside(directory: str | os.PathLike, names: Iterable[str], what: str) -> None:
     """Raise :class:`CheckpointError` unless every path in ``names`` (recorded in ``what``)
     lies inside ``directory``: relative, without ``..``, and not a symlink (or under a

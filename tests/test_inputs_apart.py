@@ -1,0 +1,93 @@
+"""No command writes into, or replaces, one of its inputs (issue 48): an output equal to,
+inside or containing an input path — resolved through symlinks — is refused in one line
+naming both, with exit 2, before any work; the DAG-build check refuses config inputs inside
+the folders its rules write."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flexigpt.cli import main as cli_main
+from flexigpt.config_check import ConfigError
+from flexigpt.fileio import InputOverlapError, check_apart
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def model_dir(tiny_checkpoint: Path) -> Path:
+    return tiny_checkpoint
+
+
+def _refused(capsys, argv: list[str], *names: str) -> str:
+    capsys.readouterr()  # the fixtures' own output
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    line = next(ln for ln in err if "outputs are kept apart from inputs" in ln)
+    assert len([ln for ln in err if ln.strip()]) == 1, err
+    for name in names:
+        assert name in line, line
+    return line
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["sub", ".", "link"])
+def test_compress_never_writes_into_its_model(capsys, model_dir, text_file, tmp_path, where):
+    before = _snapshot(model_dir)
+    if where == "link":  # the same directory through a symlink
+        (tmp_path / "alias").symlink_to(model_dir)
+        out = tmp_path / "alias" / "sub"
+    else:
+        out = model_dir / where
+    line = _refused(capsys, ["compress", "--method", "shortgpt", "--model", str(model_dir),
+                             "--out", str(out), "--ratio", "0.3", "--calibration",
+                             str(text_file)], "--out", "--model")
+    assert ("is the input" if where == "." else "lies inside") in line
+    assert _snapshot(model_dir) == before
+
+
+def test_an_output_containing_an_input_is_refused(capsys, model_dir, text_file):
+    _refused(capsys, ["compress", "--method", "shortgpt", "--model", str(model_dir), "--out",
+                      str(text_file.parent), "--ratio", "0.3", "--calibration",
+                      str(text_file)], "contains the input --calibration")
+
+
+def test_train_evaluate_generate_export_refuse_their_inputs(capsys, model_dir, text_file):
+    _refused(capsys, ["train", "--model", str(model_dir), "--out", str(model_dir / "t"),
+                      "--tokens", "64", "--text", str(text_file)], "--model")
+    _refused(capsys, ["evaluate", "--model", str(model_dir), "--out",
+                      str(model_dir / "result.json"), "--tasks", "", "--no-ppl"], "--model")
+    _refused(capsys, ["generate", "--model", str(model_dir), "--prompts", "Hello",
+                      "--json", str(model_dir / "texts.json")], "--json", "--model")
+    _refused(capsys, ["export", str(model_dir), "--out", str(model_dir)], "MODEL_DIR")
+
+
+def test_check_apart_skips_missing_inputs_and_unrelated_paths(tmp_path):
+    check_apart(tmp_path / "out", {"--model": "org/hub-id", "--text": None})
+    (tmp_path / "a").mkdir()
+    check_apart(tmp_path / "ab", {"--model": tmp_path / "a"})  # a prefix, not a parent
+    with pytest.raises(InputOverlapError, match="lies inside the input --model"):
+        check_apart(tmp_path / "a" / "b", {"--model": tmp_path / "a"})
+
+
+def test_dag_refuses_config_inputs_inside_its_output_folders(monkeypatch, tmp_path):
+    from flexigpt.dag import RunGrid
+
+    monkeypatch.chdir(ROOT)
+    cfg = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
+    results = ROOT / "results"
+    assert results.is_dir()  # the committed reference runs live there
+    bad = copy.deepcopy(cfg)
+    bad["data"]["train_text"] = "results/README.md" if (results / "README.md").exists() \
+        else str(next(p for p in results.rglob("*.md")).relative_to(ROOT))
+    with pytest.raises(ConfigError, match=r"data.train_text: the DAG's output folder results "
+                                          r".* contains the input data.train_text"):
+        RunGrid.from_config(bad)
