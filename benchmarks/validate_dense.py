@@ -17,7 +17,10 @@ error is not published).
 
 ``task:N`` scores the first N documents of a task (both scorers the same ones). Writes
 ``validation.json``, ``validation.md`` and the per-document records
-(``records/<scorer>_<task>.jsonl.gz``: doc_id, acc, acc_norm) under ``--out``.
+(``records/<scorer>_<task>.jsonl.gz``: doc_id, acc, acc_norm) under ``--out``; a task whose
+records are already there for the same N (``records/<task>.json``) is not scored again, so
+an interrupted run resumes. ``--batch-size`` bounds stock lm-eval's memory: it scores the
+whole 262K-way logits of every position (BoolQ's passages at 16 rows: over 24 GB).
 """
 
 from __future__ import annotations
@@ -155,6 +158,24 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _read(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _done(out: Path, task: str, limit: int | None) -> tuple[list, list, dict] | None:
+    """``(stock, harness, meta)`` records of ``task`` already scored at ``limit``, else None."""
+    records = out / "records"
+    try:
+        meta = json.loads((records / f"{task}.json").read_text())
+        if meta["limit"] != limit:
+            return None
+        return (_read(records / f"stock_{task}.jsonl.gz"),
+                _read(records / f"harness_{task}.jsonl.gz"), meta)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="dense checkpoint directory")
@@ -178,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         tasks_dir = Path(tmp) / "tasks"
         write_task_yamls(args.benchmarks, tasks_dir, [name for name, _ in args.tasks])
         for name, limit in args.tasks:
+            done = _done(out, name, limit)
+            if done is not None:
+                log.info("%s: records of an earlier run reused", name)
+                report["tasks"][name] = {**summarise(name, *done[:2], card.get(name)),
+                                         **done[2]}
+                continue
             t0 = time.perf_counter()
             stock = run_stock(args.model, name, limit, tasks_dir, Path(tmp) / f"stock-{name}",
                               args.batch_size)
@@ -189,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             for scorer, rows in (("stock", stock), ("harness", harness)):
                 with gzip.open(out / "records" / f"{scorer}_{name}.jsonl.gz", "wt") as fh:
                     fh.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-            report["tasks"][name] = {**summarise(name, stock, harness, card.get(name)),
-                                     "limit": limit, "stock_seconds": round(t1 - t0, 1),
-                                     "harness_seconds": round(t2 - t1, 1)}
+            meta = {"limit": limit, "stock_seconds": round(t1 - t0, 1),
+                    "harness_seconds": round(t2 - t1, 1), "batch_size": args.batch_size}
+            atomic_write_text(out / "records" / f"{name}.json", json.dumps(meta, sort_keys=True))
+            report["tasks"][name] = {**summarise(name, stock, harness, card.get(name)), **meta}
     report["seconds"] = time.perf_counter() - start
     atomic_write_text(out / "validation.json", json.dumps(report, indent=2, sort_keys=True))
     atomic_write_text(out / "validation.md", markdown(report))

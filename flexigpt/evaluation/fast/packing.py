@@ -181,13 +181,25 @@ def collate(rows: list[PackedRow], pad_id: int, dtype: torch.dtype,
 class Bucket:
     """``rows`` rows of width ``width`` at sequence offset ``start`` (``rows × width`` tokens).
 
-    ``mask [rows, 1, width, width]`` bool: True where a query may attend a key.
+    ``mask [rows, 1, width, width]`` bool: True where a query may attend a key;
+    ``positions [rows, width]`` the tokens' position ids (what a sliding-window layer
+    measures its window in); None where unknown.
     """
 
     start: int
     rows: int
     width: int
     mask: torch.Tensor
+    positions: torch.Tensor | None = None
+
+    def window_mask(self, window: int) -> torch.Tensor:
+        """``mask`` limited to keys less than ``window`` positions behind their query (a
+        sliding-window layer's rule: ``q − k < window``), ``[rows, 1, width, width]``."""
+        if self.positions is None:
+            raise ValueError("this bucket records no positions: no sliding-window mask")
+        pos = self.positions
+        near = (pos[:, :, None] - pos[:, None, :]) < window
+        return self.mask & near[:, None]
 
     @property
     def end(self) -> int:
@@ -205,8 +217,10 @@ class TreeLayout:
         return self.buckets[-1].end if self.buckets else 0
 
     def to(self, device: torch.device | str) -> TreeLayout:
-        return TreeLayout(tuple(Bucket(b.start, b.rows, b.width, b.mask.to(device))
-                                for b in self.buckets))
+        return TreeLayout(tuple(
+            Bucket(b.start, b.rows, b.width, b.mask.to(device),
+                   None if b.positions is None else b.positions.to(device))
+            for b in self.buckets))
 
 
 def bucket_rows(rows: list[PackedRow], batch_tokens: int, slack: float = 0.0625,
@@ -255,7 +269,8 @@ def collate_flat(buckets: list[list[PackedRow]], pad_id: int,
         b_ids, b_pos, allowed = _fill(rows, width, pad_id)
         ids.append(b_ids.ravel())
         pos.append(b_pos.ravel())
-        layout.append(Bucket(offset, len(rows), width, torch.from_numpy(allowed)[:, None]))
+        layout.append(Bucket(offset, len(rows), width, torch.from_numpy(allowed)[:, None],
+                             torch.from_numpy(b_pos)))
         starts.extend(range(offset, offset + len(rows) * width, width))
         offset += len(rows) * width
     flat_ids = torch.from_numpy(np.concatenate(ids))[None]

@@ -45,17 +45,14 @@ def tree_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     → ``([1, N, Hq, D], None)``, attention restricted to each bucket's tree mask.
 
     Without ``tree_layout`` this is transformers' ``sdpa`` attention, unchanged. A sliding-
-    window layer (``sliding_window`` keyword) is exact while no row is wider than its window
-    (every pair of a row is then inside it); a wider row is refused, never scored wrongly.
+    window layer (``sliding_window`` keyword, Gemma 3's local layers) attends only to keys
+    less than the window behind the query, in position ids (``Bucket.window_mask``), as
+    transformers' own sliding mask does; a bucket no wider than the window needs no change.
     """
     if tree_layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
     window = kwargs.get("sliding_window")  # Gemma 3's local layers pass their window
-    widest = max((b.width for b in tree_layout.buckets), default=0)
-    if window is not None and widest > window:
-        raise ValueError(f"tree attention has no sliding-window mask: a row of {widest} tokens "
-                         f"is wider than the layer's {window}-token window")
     batch, heads, length, dim = query.shape
     if batch != 1 or length != tree_layout.length:
         raise ValueError(f"tree attention needs one sequence of {tree_layout.length} tokens, "
@@ -63,9 +60,11 @@ def tree_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     out = query.new_empty(1, length, heads, dim)
     gqa = key.shape[1] != heads
     for bucket in tree_layout.buckets:
+        mask = (bucket.mask if window is None or bucket.width <= window
+                else bucket.window_mask(window))
         attended = F.scaled_dot_product_attention(
             _split(query, bucket), _split(key, bucket), _split(value, bucket),
-            attn_mask=bucket.mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa)
+            attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa)
         out[0, bucket.start:bucket.end].view(bucket.rows, bucket.width, heads, dim).copy_(
             attended.transpose(1, 2))
     return out, None
