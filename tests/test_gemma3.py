@@ -183,3 +183,22 @@ def test_plain_transformers_loads_exactly_or_not_at_all(saved, name):
     assert cfg["model_type"] == "flexigpt_compressed" and "auto_map" not in cfg
     with pytest.raises((ValueError, KeyError)):
         AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def test_gemma_config_scores_tasks_with_bos_and_smollm2_params_stay(monkeypatch):
+    """Gemma expects BOS first: its config scores task requests with one; a config that
+    never sets ``evaluation.add_bos_token`` keeps the evaluate params it had (no new key, so
+    finished runs are not rerun)."""
+    from pathlib import Path
+
+    import yaml
+
+    from flexigpt.dag import RunGrid
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    gemma = RunGrid.from_config(yaml.safe_load((root / "config/gemma3-270m.yaml").read_text()))
+    default = RunGrid.from_config(yaml.safe_load((root / "config/config.yaml").read_text()))
+    for grid, bos in ((gemma, True), (default, None)):
+        run = next(r for r in grid.runs.values() if r.method == "dense")
+        assert grid.eval_params(run, "final").get("add_bos_token") is bos

@@ -243,5 +243,7 @@ class RunGrid:
                 "ppl_seq_len": ev["ppl_seq_len"], "ppl_windows": ev["ppl_windows"],
                 "backend": ev["backend"], "batch_size": ev["batch_size"],
                 "dtype": run.dtype, "device": run.device, "autocast_dtype": ev["autocast"],
-                "labels": run.labels(stage)}
+                "labels": run.labels(stage),
+                # only where set: the params of runs that never set it stay as they were
+                **({"add_bos_token": True} if ev.get("add_bos_token") else {})}
 
