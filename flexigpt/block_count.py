@@ -157,7 +157,7 @@ def plan(policy: str, target: float, n_blocks: int, achieved: Callable[[int], fl
     return found
 
 
-def _param_count(module: Any) -> int:
+def unique_param_count(module: Any) -> int:
     """Unique parameters of ``module``, as :func:`flexigpt.params.count_parameters` counts
     them; on the meta device (no storage to tell shared tensors apart) parameters are
     de-duplicated by identity, which is how an HF skeleton ties its embeddings."""
@@ -177,9 +177,9 @@ def achieved_curve(removal: str, model: Any, cfg: Any) -> tuple[int, Callable[[i
     """
     adapter = get_adapter(model)
     blocks = list(adapter.layers(model))
-    dense = _param_count(model)
+    dense = unique_param_count(model)
     if removal == "remove":
-        per_block = sum(_param_count(b) for b in blocks) / len(blocks)
+        per_block = sum(unique_param_count(b) for b in blocks) / len(blocks)
     elif removal == "replace":
         rank = getattr(cfg, "rank", None) or default_rank(model.config.hidden_size)
         ranks = matrix_ranks(adapter, blocks[0], rank)

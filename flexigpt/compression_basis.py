@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from flexigpt.block_count import unique_param_count
 from flexigpt.models.adapters import get_adapter
-from flexigpt.params import compression_ratio, count_parameters
+from flexigpt.params import compression_ratio
 
 BASES = ("total", "non_embedding")
 
@@ -68,10 +69,7 @@ def total_target(model: Any, ratio: float, basis: str) -> float:
     de-duplicated by identity there, by storage otherwise)."""
     if check_basis(basis) == "total":
         return ratio
-    params = list(model.parameters())
-    dense = (sum(p.numel() for p in {id(p): p for p in params}.values())
-             if any(p.is_meta for p in params) else count_parameters(model))
-    return to_total(ratio, basis, dense, embedding_parameters(model))
+    return to_total(ratio, basis, unique_param_count(model), embedding_parameters(model))
 
 
 def achieved_ratios(dense_params: int, compressed_params: int,
