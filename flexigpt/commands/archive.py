@@ -13,6 +13,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the config the run used (default: config/config.yaml)")
     p.add_argument("--workdir", default=".", help="the run's working directory (default: .)")
     p.add_argument("--out", required=True, help="new directory for the archive")
+    p.add_argument("--facts-only", action="store_true",
+                   help="add the model's facts (embedding parameters, compression basis) to "
+                        "the index of the existing archive --out, written before the index "
+                        "had them; nothing else changes")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,10 +25,13 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from flexigpt.config_check import check_config_files
-    from flexigpt.dag.archive import archive_run
+    from flexigpt.dag.archive import add_model_facts, archive_run
 
     check_config_files([args.configfile])
     config = yaml.safe_load(Path(args.configfile).read_text())
+    if args.facts_only:
+        print(f"wrote the model facts into {add_model_facts(config, args.out, args.workdir)}")
+        return 0
     written = archive_run(config, args.out, workdir=args.workdir)
     print(f"archived {len(written) - 1} files to {args.out} (index: {written[-1]})")
     return 0

@@ -12,6 +12,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "classified by content; train_log.csv, manifest.json)")
     p.add_argument("--archive", help="a run archive (flexigpt archive): rebuild its tables from "
                                      "the inputs it lists (replaces the other inputs)")
+    p.add_argument("--across", nargs="+", metavar="DIR",
+                   help="table directories of two or more finished runs of different models "
+                        "(each with its verdicts.csv): write the cross-model verdicts and "
+                        "replacement tables (replaces the other inputs)")
     p.add_argument("--out", required=True, help="output directory for tables and figures")
     p.add_argument("--result-files", nargs="+", metavar="JSON",
                    help="explicit evaluation result JSONs (replaces discovery)")
@@ -31,6 +35,17 @@ def run(args: argparse.Namespace) -> int:
     from flexigpt.tables.archive import rebuild
 
     formats = tuple(f for f in args.formats.split(",") if f)
+    if args.across:
+        from flexigpt.tables.across import across_models
+
+        given = [f for f in ("archive", "results", "result_files", "timing_files",
+                             "train_logs", "manifests") if getattr(args, f)]
+        if given:
+            raise ValueError(f"--across reads finished tables; drop --{given[0].replace('_', '-')}")
+        written = across_models(args.across, args.out,
+                                formats=tuple(f for f in formats if f in ("md", "csv")))
+        print(f"wrote {len(written)} files to {args.out}")
+        return 0
     if args.archive:
         given = [f for f in ("results", "result_files", "timing_files", "train_logs", "manifests")
                  if getattr(args, f)]

@@ -19,8 +19,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from flexigpt.compression_basis import embedding_parameters
 from flexigpt.dag.grid import RunGrid
 from flexigpt.fileio import atomic_write_text
+from flexigpt.model_skeletons import checkpoint_skeleton
 from flexigpt.tables.archive import INDEX, KINDS, read_index
 
 
@@ -72,7 +74,47 @@ def archive_run(config: dict[str, Any], out: str | os.PathLike,
         written.append(target)
     model = config.get("model") or {}
     index = {"schema": 1, "results_dir": "results", "inputs": inputs, "support": support,
-             "model_names": {model["key"]: model.get("name", model["key"])} if model else {}}
+             "model_names": {model["key"]: model.get("name", model["key"])} if model else {},
+             "model_facts": model_facts(config, work)}
     atomic_write_text(dest / INDEX, json.dumps(index, indent=1) + "\n")
     read_index(dest)  # every listed file arrived
     return [*written, dest / INDEX]
+
+
+def model_facts(config: dict[str, Any], workdir: str | os.PathLike = ".") -> dict[str, Any]:
+    """``{model key: {"embedding_params", "compression_basis"}}`` of ``config``'s model
+    (:mod:`flexigpt.tables.facts`), counted on a meta-device skeleton of its local checkpoint
+    (no weights read); ``{}`` when the checkpoint is not a local directory with a config."""
+    model = config.get("model") or {}
+    path = Path(workdir) / str(model.get("path", ""))
+    skeleton = checkpoint_skeleton(str(path)) if model.get("path") else None
+    if skeleton is None:
+        return {}
+    return {model["key"]: {"embedding_params": embedding_parameters(skeleton),
+                           "compression_basis": config.get("compression_basis", "total")}}
+
+
+def add_model_facts(config: dict[str, Any], archive: str | os.PathLike,
+                    workdir: str | os.PathLike = ".") -> Path:
+    """Write ``config``'s :func:`model_facts` into the index of the existing ``archive``
+    (an archive written before the index had them); nothing else changes. Returns the
+    index path.
+
+    Raises:
+        FileNotFoundError: no archive there, or no local checkpoint to count.
+        ValueError: the archive holds another model's results.
+    """
+    index_path = Path(archive) / INDEX
+    index = read_index(archive)
+    facts = model_facts(config, workdir)
+    if not facts:
+        raise FileNotFoundError(f"no local checkpoint with a config.json at "
+                                f"{config.get('model', {}).get('path')!r} to count")
+    (key,) = facts
+    if key not in (index.get("model_names") or {}):
+        raise ValueError(f"{archive} is not a run of model {key!r}: it holds "
+                         f"{sorted(index.get('model_names') or {})}")
+    index["model_facts"] = {**(index.get("model_facts") or {}), **facts}
+    atomic_write_text(index_path, json.dumps(index, indent=1) + "\n")
+    read_index(archive)
+    return index_path

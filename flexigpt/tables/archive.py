@@ -9,7 +9,8 @@ An *archive* is a directory holding a finished run's table inputs under their ru
                 "manifests": [...], "selections": [...]},   # paths relative to the archive
      "support": [...],        # files the inputs refer to: each result's per-document
                               # records, the trained manifest beside each training log
-     "model_names": {key: display name}}
+     "model_names": {key: display name},
+     "model_facts": {key: {"embedding_params": int, "compression_basis": str}}}  # optional
 
 :func:`rebuild` passes exactly the listed files to :func:`flexigpt.tables.build_all`, as the
 DAG's ``tables`` rule did, relative to the archive root as the rule's were to the run's working
@@ -24,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from flexigpt.tables.facts import check_facts
 from flexigpt.tables.schema import ResultFileError, read_json
 
 #: The archive's index file.
@@ -67,6 +69,10 @@ def read_index(archive: str | os.PathLike) -> dict[str, Any]:
     names = data.get("model_names") or {}
     if not isinstance(names, dict):
         raise ResultFileError(path, "'model_names' must map model keys to display names")
+    try:
+        check_facts(data.get("model_facts"))
+    except ValueError as exc:
+        raise ResultFileError(path, str(exc)) from exc
     return data
 
 
@@ -89,5 +95,6 @@ def rebuild(archive: str | os.PathLike, out_dir: str | os.PathLike, *,
                             results=listed["results"], timings=listed["timings"],
                             train_logs=listed["train_logs"], manifests=listed["manifests"],
                             selections=listed["selections"], formats=formats,
-                            make_plots=make_plots, model_names=index.get("model_names") or {})
+                            make_plots=make_plots, model_names=index.get("model_names") or {},
+                            model_facts=index.get("model_facts") or {})
     return written

@@ -29,6 +29,7 @@ from flexigpt.tables.columns import (
     result_notes,
 )
 from flexigpt.tables.curves import LOSS, PPL, REACH_NOTE, REACH_NOTE_PPL
+from flexigpt.tables.facts import ACHIEVED
 from flexigpt.tables.intervals import CI_COLUMNS, with_errors
 from flexigpt.tables.labels import (
     EXTENSION_LABELS,
@@ -138,7 +139,7 @@ def table1(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     if delta_block is not None:
         blocks.append(delta_block)
     csv = ours_and_paper_csv(ours, label, deltas,
-                             pub[pub["table"].isin(shown) & pub["model"].eq(key)], _CSV_KEEP)
+                             pub[pub["table"].isin(shown) & pub["model"].eq(key)], csv_keep(ours))
     return Table(f"table1_{slug(model)}", f"Table 1 — compression results, {name}", blocks, csv)
 
 
@@ -163,6 +164,12 @@ _CSV_KEEP = ["achieved_ratio", "num_layers", "blocks_pruned", "trained", "loss",
              "budget_target", "budget_achieved", "budget_rel_error", "budget_source", "ppl",
              *TASKS, "avg", "avg_std", "n_seeds", "tokens_to_baseline", "tokens_to_baseline_metric",
              *CI_COLUMNS]
+
+
+def csv_keep(ours: pd.DataFrame) -> list[str]:
+    """:data:`_CSV_KEEP`, with the non-embedding achieved ratio after the achieved ratio where
+    the model's facts gave one (:mod:`flexigpt.tables.facts`)."""
+    return ["achieved_ratio", *([ACHIEVED] if ACHIEVED in ours else []), *_CSV_KEEP[1:]]
 
 
 def paper_protocol_table(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
@@ -203,7 +210,7 @@ def paper_protocol_table(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     if delta_block is not None:
         blocks.append(delta_block)
     csv = ours_and_paper_csv(ours, label, deltas,
-                             pub[pub["table"].isin(shown) & pub["model"].eq(key)], _CSV_KEEP)
+                             pub[pub["table"].isin(shown) & pub["model"].eq(key)], csv_keep(ours))
     return Table(f"table1_paper_protocol_{slug(model)}",
                  f"Table 1 (paper protocol) — same number of removed blocks, {name}", blocks, csv)
 
@@ -257,7 +264,7 @@ def kd_table(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
     blocks = [with_errors(Block(f"Ours: {name}, LM vs KD recovery loss", frame, kinds,
                                 dict(METRIC_BEST), group="Ratio", notes=notes), ours,
                           METRIC_HEADERS)]
-    keep = [c for c in _CSV_KEEP if c != "loss"]
+    keep = [c for c in csv_keep(ours) if c != "loss"]
     csv = ours.reindex(columns=["model", "method", "variant", "ratio", "stage", *keep]).assign(
         source="ours", label=label.values, loss=[_loss_of(r) for _, r in ours.iterrows()])
     front = ["source", "label", "model", "method", "variant", "ratio", "stage", "loss"]

@@ -7,15 +7,18 @@ import pandas as pd
 
 from flexigpt.registry import METHODS, ROLES
 from flexigpt.tables.collect import TASKS
+from flexigpt.tables.facts import ACHIEVED, basis_note
 from flexigpt.tables.labels import TASK_HEADERS, lm_variant, method_label, row_label
 from flexigpt.tables.render import sci
 from flexigpt.tables.rows import column_or_nan, is_reference, optional_float
 
 RECOVERY_NOTE = "* = after recovery training (the evaluated model was trained)."
 ONE_SHOT_NOTE = "(one-shot) = evaluated right after compression, never trained."
+#: the second achieved ratio's column (:func:`flexigpt.tables.facts.non_embedding_ratio`)
+NON_EMB = "Achieved (non-emb.)"
 #: Columns of the matched / paper-protocol tables that are left out when every row lacks them.
 _OPTIONAL = ("Blocks", "Trainable (M)", "Tokens", "LR")
-COST_KINDS = {"Ratio": "pct0", "Achieved": "pct1", "Blocks": "int", "Layers": "int",
+COST_KINDS = {"Ratio": "pct0", "Achieved": "pct1", NON_EMB: "pct1", "Blocks": "int", "Layers": "int",
               "Trainable (M)": "num", "Tokens": "si", "LR": "text", "Seeds": "int"}
 _TASK_COLS = [TASK_HEADERS[t] for t in TASKS]
 #: metric column of the frame → displayed header (for the ± half-widths).
@@ -33,12 +36,16 @@ def _lr_text(lr, gamma) -> str | None:
 
 def cost_frame(ours: pd.DataFrame, label: pd.Series, layers: bool = False) -> tuple[
         pd.DataFrame, dict[str, str]]:
-    """Method, Ratio, Achieved, Blocks, Trainable (M), Tokens, LR, metrics, Avg (+ Seeds).
+    """Method, Ratio, Achieved (+ Achieved (non-emb.) where the model's embedding count is
+    known), Blocks, Trainable (M), Tokens, LR, metrics, Avg (+ Seeds).
 
     Optional columns every row lacks are left out; without any ``blocks_pruned`` (older
     files) the layer count stands in for Blocks, as before, when ``layers``."""
     blocks = column_or_nan(ours, "blocks_pruned")
     extra = {"Ratio": ours["ratio"] * 100, "Achieved": ours["achieved_ratio"] * 100}
+    non_embedding = column_or_nan(ours, ACHIEVED)
+    if non_embedding.notna().any():  # the model's facts are known (flexigpt.tables.facts)
+        extra[NON_EMB] = non_embedding * 100
     if blocks.notna().any() or not layers:
         extra["Blocks"] = blocks
     else:
@@ -75,8 +82,11 @@ def blocks_note(ours: pd.DataFrame) -> str:
 
 
 def cost_notes(frame: pd.DataFrame, ours: pd.DataFrame) -> list[str]:
-    """What Blocks / Trainable / Tokens / LR mean, for the columns shown."""
+    """What Achieved (non-emb.) / Blocks / Trainable / Tokens / LR mean, for the columns
+    shown."""
     parts = []
+    if NON_EMB in frame and (note := basis_note(ours)):
+        parts.append(note)
     if "Blocks" in frame:
         parts.append(blocks_note(ours))
     if "Trainable (M)" in frame:

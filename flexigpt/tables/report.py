@@ -27,6 +27,7 @@ from flexigpt.tables.collect import (
 from flexigpt.tables.comparisons import Comparator, comparison_table
 from flexigpt.tables.curves import add_reach, recovery_by_ratio
 from flexigpt.tables.decode import collect_decodes
+from flexigpt.tables.facts import check_facts, with_facts
 from flexigpt.tables.intervals import RecordStore, add_intervals
 from flexigpt.tables.labels import slug
 from flexigpt.tables.published import load_published
@@ -75,7 +76,8 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
               published: str | os.PathLike | None = None,
               formats: tuple[str, ...] = ("md", "csv", "tex"),
               make_plots: bool = True,
-              model_names: Mapping[str, str] | None = None) -> list[Path]:
+              model_names: Mapping[str, str] | None = None,
+              model_facts: Mapping[str, Mapping[str, Any]] | None = None) -> list[Path]:
     """Write Tables 1, 4, 5, 6, 7, the paper-protocol and KD tables and the LR-sweep table
     (per model, where inputs exist), ``verdicts`` / ``comparisons`` (paired bootstrap
     intervals from the per-document records; :mod:`flexigpt.tables.verdicts`), a
@@ -94,6 +96,9 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
         make_plots: also draw the figures.
         model_names: model key → display name for titles (default: the key); file names
             always use the key.
+        model_facts: model key → facts of its dense model the tables need but no result
+            records (:func:`flexigpt.tables.facts.check_facts`): ``embedding_params`` (for
+            the non-embedding achieved ratio) and the run's ``compression_basis``.
 
     Returns:
         The files written, in order. Raises ResultFileError / FileNotFoundError naming the
@@ -105,7 +110,10 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     bad = {k: v for k, v in names.items() if not isinstance(k, str) or not isinstance(v, str)}
     if bad:
         raise ValueError(f"model_names must map model keys to display names (str), got {bad!r}")
+    facts = check_facts(model_facts)
     data = _read_all(inputs, published, root, make_plots)
+    if not data.agg.empty:
+        data.agg = with_facts(data.agg, facts)
     out = Path(out_dir)
     models = list(dict.fromkeys(data.agg["model"])) if not data.agg.empty else []
     if not models:

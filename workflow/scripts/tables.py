@@ -7,6 +7,9 @@ Params read from the rule (only ``figures`` is required):
                recovery LR sweeps); default: none, never discovered under results/
   model_names  dict model key → display name for titles; default: the key
 
+The model's facts (embedding parameters, compression basis: flexigpt.tables.facts) are
+counted on a meta-device skeleton of the config's local checkpoint.
+
 When the results hold a budget ladder (results of table ``budget``: the config's ``budget:``
 section), :func:`~flexigpt.tables.build_all` also writes the budget tables and figures
 (``budget_*.md/.csv``, ``fig_budget_*.png``; :mod:`flexigpt.tables.budget`).
@@ -14,6 +17,7 @@ section), :func:`~flexigpt.tables.build_all` also writes the budget tables and f
 
 from typing import Any
 
+from flexigpt.dag.archive import model_facts
 from flexigpt.tables import build_all
 from flexigpt.workflow_support import script_logging
 
@@ -28,5 +32,6 @@ if selections is not None:
 figures.setdefault("selections", [])  # an explicit list: no discovery under results/
 written = build_all("results", snakemake.output[0], results=list(snakemake.input.evals),
                     timings=list(snakemake.input.inference),
-                    model_names=dict(params.get("model_names") or {}), **figures)
+                    model_names=dict(params.get("model_names") or {}),
+                    model_facts=model_facts(snakemake.config), **figures)
 log.info("wrote %d files", len(written))
