@@ -11,16 +11,18 @@ from typing import Any
 import torch
 
 from flexigpt import faults
+from flexigpt.block_count import RatioOutOfReach, unique_param_count
 from flexigpt.calibration import token_windows
 from flexigpt.compression_basis import achieved_ratios, check_basis, embedding_parameters, to_total
 from flexigpt.devices import model_device
 from flexigpt.export.publish import publish_compressed
 from flexigpt.fileio import check_output
 from flexigpt.manifest import Manifest
+from flexigpt.models.adapters import get_adapter
 from flexigpt.models.loading import load_model
-from flexigpt.params import count_parameters
+from flexigpt.params import compression_ratio, count_parameters
 from flexigpt.provenance import setup_run
-from flexigpt.registry import get_method
+from flexigpt.registry import METHODS, get_method
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         log.info("ratio %g of the %s parameters = %.6f of all parameters", target, basis,
                  cfg.ratio)
     _check_loaded(method, spec, model, cfg, accept_ratio_miss, calibration_seq_len)
+    step = block_step(model, dense_params)
     calib = (token_windows(calibration, tokenizer, calibration_seq_len, n_calibration, seed)
              if spec.needs_calibration and calibration is not None else None)
     start = time.perf_counter()
@@ -91,6 +94,8 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
     faults.point("compress:done")
     seconds = time.perf_counter() - start
     compressed = count_parameters(result.model)
+    check_achieved(method, cfg, compression_ratio(compressed, dense_params), step,
+                   accept_ratio_miss)
     extra: dict[str, Any] = {}
     if basis != "total":  # total-basis manifests stay as they were
         extra["compression_basis"] = {
@@ -166,6 +171,35 @@ def check_ratio_reach(method: str, model: Any, cfg: Any, accept_miss: bool = Fal
         log.info("block count: %s", found.summary())
     else:
         log.warning("%s (kept: accept_ratio_miss)", found.out_of_reach())
+
+
+def block_step(model: Any, dense_params: int) -> float:
+    """One decoder block's share of ``model``'s parameters (mean over its blocks): the
+    resolution of every block-count ratio, and the tolerance unit of :func:`check_achieved`."""
+    blocks = list(get_adapter(model).layers(model))
+    return sum(unique_param_count(b) for b in blocks) / len(blocks) / dense_params
+
+
+def check_achieved(method: str, cfg: Any, achieved: float, step: float,
+                   accept_miss: bool = False) -> None:
+    """The ratio rule every method inherits, after compressing and before anything is
+    written: a target (``cfg.match_ratio`` when set, else ``cfg.ratio``; total basis) that
+    the method missed by more than half a block step (``step``, :func:`block_step`) is
+    refused (:class:`flexigpt.block_count.RatioOutOfReach`) unless ``accept_miss``, which
+    logs target and achieved. Block-count methods are judged before any work instead
+    (:func:`check_ratio_reach`); this catches every other way to miss (a width method, a
+    method added later)."""
+    if METHODS[method].block_count is not None or get_method(method).ratio_curve is not None:
+        return  # its policy sets the block count (policy 'paper' misses the target by design)
+    match = getattr(cfg, "match_ratio", None)
+    target = match if match is not None else getattr(cfg, "ratio", None)
+    if target is None or abs(achieved - target) <= step / 2:
+        return
+    text = (f"{method} achieved ratio {achieved:.4f} for target {target:g}, more than half a "
+            f"block step ({step / 2:.4f}) away")
+    if not accept_miss:
+        raise RatioOutOfReach(f"{text}; nothing written (--accept-ratio-miss keeps it)")
+    log.warning("%s (kept: accept_ratio_miss)", text)
 
 
 def check_count(value: Any, what: str, minimum: int = 1) -> None:

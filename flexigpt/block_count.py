@@ -1,11 +1,12 @@
 """The one rule that turns a compression target into a number of removed blocks.
 
-Every block-removal method (FlexiGPT pruning, ShortGPT, ShortGPT + LoRA) calls these two
-functions, so rows compared in one table round the same way:
+Every block-removal method (FlexiGPT pruning, ShortGPT ± LoRA, ReplaceMe, LLM-Streamline)
+calls these functions, so rows compared in one table round the same way:
 
 - ``paper``: k = int(ratio · L), the FlexiGPT paper's protocol (9 of 32 blocks at "30 %").
 - ``matched``: the k in [1, L) whose *achieved* parameter reduction (each method's own exact
-  count: FlexiGPT's adapters, γ's and kept pre-norms included) is nearest to the target;
+  count: FlexiGPT's adapters, γ's and kept pre-norms included, LLM-Streamline's module through
+  its ``Method.ratio_curve``) is nearest to the target;
   ties go to the smaller k. One block of SmolLM2-135M is ≈ 2.6 points of its parameters, so
   a matched row lands within half a block step of its target.
 
@@ -16,7 +17,9 @@ Reach (:func:`plan`): a target that no block count gets within half a block step
 half of what one block achieves, or more than half a block step beyond what L − 1 blocks
 achieve — is refused under either policy (:class:`RatioOutOfReach`), by the DAG-build check
 (:mod:`flexigpt.config_check`) and by ``flexigpt.api.compress`` before any work, unless the
-caller accepts the miss (``flexigpt compress --accept-ratio-miss``). Inside that range
+caller accepts the miss (``flexigpt compress --accept-ratio-miss``, which logs target and
+achieved); the methods whose ratio is no block count are held to the same half block step
+after compressing (``flexigpt.api.check_achieved``). Inside that range
 ``matched`` lands within half a step by construction, while ``paper`` keeps its documented
 int(ratio · L) (a block fraction, below the parameter target by the adapters' overhead).
 :func:`method_plan` computes the achieved ratios of a registered method on a model (real or
@@ -32,7 +35,7 @@ from typing import Any
 from flexigpt.methods.surgery import default_rank, matrix_ranks, saving_per_block
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
-from flexigpt.registry import METHODS, validate_ratio
+from flexigpt.registry import METHODS, get_method, validate_ratio
 
 POLICIES = ("matched", "paper")
 #: how a block-count method's removal changes the parameter count (``MethodFacts.block_count``)
@@ -58,24 +61,19 @@ def paper_block_count(ratio: float, n_blocks: int) -> int:
 
 def nearest_block_count(target: float, achieved: Callable[[int], float], n_blocks: int) -> int:
     """The k in [1, n_blocks) whose ``achieved(k)`` is nearest to ``target`` (ties: smaller k).
+    A target beyond every block count gets the nearest end; whether that is close enough is
+    the reach rule of :func:`plan` (refused unless ``accept_miss``), judged before any work.
 
     Raises:
-        ValueError: fewer than 2 blocks, no k reduces the parameter count at all, or the
-            target lies more than half a block step beyond the last block count.
+        ValueError: fewer than 2 blocks, or no k reduces the parameter count at all.
     """
     if n_blocks < 2:
         raise ValueError(f"removing blocks needs at least 2 blocks, the model has {n_blocks}")
     values = {k: achieved(k) for k in range(1, n_blocks)}
     if max(values.values()) <= 0:
         raise ValueError("no block count reduces the parameter count (each removal adds "
-                         "as many parameters as it saves); lower the adapter rank")
-    best = min(values, key=lambda k: (round(abs(values[k] - target), 12), k))
-    last = n_blocks - 1
-    step = values[last] - values.get(last - 1, 0.0)
-    if best == last and target - values[last] > step / 2:
-        raise ValueError(f"ratio {target} is unreachable: removing {last} of {n_blocks} blocks "
-                         f"achieves only {values[last]:.4f}")
-    return best
+                         "as many parameters as it puts back)")
+    return min(values, key=lambda k: (round(abs(values[k] - target), 12), k))
 
 
 def block_count(policy: str, ratio: float, n_blocks: int,
@@ -136,8 +134,8 @@ def plan(policy: str, target: float, n_blocks: int, achieved: Callable[[int], fl
 
     Raises:
         ValueError: the policy's own refusal (:func:`block_count`, whatever
-            ``accept_miss``): ``paper``'s int(ratio · L) = 0, ``matched``'s target beyond
-            the last block count; or no block count reduces the parameter count.
+            ``accept_miss``): ``paper``'s int(ratio · L) = 0; or no block count reduces the
+            parameter count.
         RatioOutOfReach: otherwise, ``target`` is out of reach (:attr:`Plan.in_reach`) and
             not ``accept_miss``; the message names ``what``, the target, what the policy
             would achieve and the achievable range.
@@ -148,7 +146,7 @@ def plan(policy: str, target: float, n_blocks: int, achieved: Callable[[int], fl
     last = n_blocks - 1
     if values[last] <= 0:
         raise ValueError("no block count reduces the parameter count (each removal adds "
-                         "as many parameters as it saves); lower the adapter rank")
+                         "as many parameters as it puts back)")
     k = block_count(policy, target, n_blocks, values.__getitem__)  # the policy's own refusal
     found = Plan(policy, float(target), n_blocks, k, values[k], values[1], values[last],
                  values[1], values[last] - values.get(last - 1, 0.0))
@@ -193,15 +191,18 @@ def achieved_curve(removal: str, model: Any, cfg: Any) -> tuple[int, Callable[[i
 def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
                 what: str = "ratio") -> Plan | None:
     """:func:`plan` of registered ``method`` with config ``cfg`` on ``model``; None for a
-    method whose ratio is not a block count (``MethodFacts.block_count`` unset). The target
+    method whose ratio is not a block count (neither ``MethodFacts.block_count`` nor the
+    method's own ``Method.ratio_curve``, e.g. LLM-Streamline's span minus its module). The target
     is ``cfg.match_ratio`` under ``matched`` when set (a like-for-like baseline), else
     ``cfg.ratio``. Raises as :func:`plan`."""
     removal = METHODS[method].block_count
-    if removal is None:
+    curve = get_method(method).ratio_curve
+    if removal is None and curve is None:
         return None
     match = getattr(cfg, "match_ratio", None)
     target = match if cfg.policy == "matched" and match is not None else cfg.ratio
-    n_blocks, achieved = achieved_curve(removal, model, cfg)
+    n_blocks, achieved = (curve(model, cfg) if curve is not None
+                          else achieved_curve(str(removal), model, cfg))
     return plan(cfg.policy, target, n_blocks, achieved, accept_miss, what)
 
 

@@ -77,6 +77,20 @@ def _output_flag(args: argparse.Namespace) -> str | None:
     return str(out)
 
 
+def check_finite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every number-valued flag of the command (``type=float``) is finite: ``nan`` and
+    ``inf`` parse as floats but mean nothing as a learning rate, a clip norm or a
+    temperature (``ValueError`` naming the flag as the user wrote it). A new float flag
+    inherits the check."""
+    import math
+
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is float and isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{action.option_strings[-1]} must be a finite number, "
+                             f"got {value!r}")
+
+
 def _preflight(args: argparse.Namespace) -> None:
     """Checks that need no heavy work: the output directory (not foreign, writable), the
     input text files, the training window length."""
@@ -137,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with force_outputs(bool(getattr(args, "force", False))):
+            check_finite(sub.choices[args.command], args)
             _preflight(args)
             return int(module.run(args) or 0)
     except USER_ERRORS as err:

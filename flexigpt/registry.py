@@ -127,6 +127,11 @@ class Method:
             model computes the same function (``flexigpt export``).
         card_lines: ``(manifest) -> [Markdown lines]`` describing the saved structure in
             its model card.
+        ratio_curve: ``(model, cfg) -> (n_blocks, achieved(k))`` for a method whose ratio
+            becomes a block count by its own arithmetic (``MethodFacts.block_count`` covers
+            plain removal and FlexiGPT's replacement): the ratio rule of
+            :func:`flexigpt.block_count.method_plan` then refuses its unreachable targets
+            before any work, as for every block-count method.
     """
 
     name: str
@@ -140,6 +145,7 @@ class Method:
     draft_skip: Callable[[dict[str, Any]], list[int]] | None = None
     plain: Callable[[Any, bool], tuple[Any, str]] | None = None
     card_lines: Callable[[Any], list[str]] | None = None
+    ratio_curve: Callable[[Any, Any], tuple[int, Callable[[int], float]]] | None = None
 
     @property
     def needs_calibration(self) -> bool:

@@ -44,8 +44,8 @@ def test_nearest_block_count_rounds_to_nearest_ties_to_fewer():
     assert nearest_block_count(0.30, lambda k: k * step, 30) == 12  # 0.312 vs 0.286
     assert nearest_block_count(0.013, lambda k: k * step, 30) == 1  # tie 0.0 / 0.026 → 1 (k ≥ 1)
     assert nearest_block_count(0.039, lambda k: k * step, 30) == 1  # tie 0.026 / 0.052 → fewer
-    with pytest.raises(ValueError, match="unreachable"):
-        nearest_block_count(0.95, lambda k: k * 0.02, 30)
+    # beyond every block count: the nearest end (the reach rule of plan() judges it)
+    assert nearest_block_count(0.95, lambda k: k * 0.02, 30) == 29
     assert paper_block_count(0.3, 30) == 9  # 0.3·30 = 8.999… in floats
     with pytest.raises(ValueError, match="removes int"):
         paper_block_count(0.1, 5)

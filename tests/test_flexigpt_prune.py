@@ -257,7 +257,7 @@ def _assert_clean(parent, out):
     ({"ratio": 1.0}, "strictly between 0 and 1"),
     ({"ratio": -0.2}, "strictly between 0 and 1"),
     ({"ratio": 0.1}, "removes int"),
-    ({"ratio": 0.9, "policy": "matched"}, "unreachable"),
+    ({"ratio": 0.9, "policy": "matched"}, "out of reach"),
     ({"ratio": 0.3, "policy": "greedy"}, "policy must be one of"),
     ({"ratio": 0.3, "rank": 0}, "rank must be"),
     ({"ratio": 0.3, "distance": "cosine"}, "distance must be one of"),

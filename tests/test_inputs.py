@@ -122,13 +122,14 @@ def test_unreachable_ratio_is_refused_at_dag_build_naming_ratios_target_and_reac
     message = grid_error(smoke_with_ratio(0.97))
     lines = message.splitlines()
     flexigpt = next(ln for ln in lines if "run tiny-llama/flexigpt/default/r0.97:" in ln)
-    assert ": ratios: ratio 0.97 is unreachable: removing 7 of 8 blocks achieves only " \
-           "0.6740" in flexigpt  # the matched policy's own refusal, now at DAG build
+    assert ": ratios: ratio 0.97 is out of reach: removing 1..7 of 8 blocks achieves " \
+           "0.0963..0.6740" in flexigpt  # one reach rule for both policies, at DAG build
+    assert "policy 'matched' would remove 7 blocks, achieving 0.6740" in flexigpt
     paper = next(ln for ln in lines if "run tiny-llama/flexigpt/paper/r0.97:" in ln)
     assert ": paper_protocol.ratios: ratio 0.97 is out of reach: removing 1..7 of 8 blocks " \
            "achieves 0.0963..0.6740" in paper
     assert "policy 'paper' would remove 7 blocks, achieving 0.6740" in paper
-    assert any("ablations.ratio: ratio 0.97 is unreachable" in ln for ln in lines)
+    assert any("ablations.ratio: ratio 0.97 is out of reach" in ln for ln in lines)
 
 
 def test_reachable_ratios_pass():
@@ -161,10 +162,10 @@ def test_plan_refuses_a_target_beyond_every_block_count_under_either_policy():
     with pytest.raises(RatioOutOfReach, match=r"--ratio 0.99 is out of reach: removing "
                                               r"1..9 of 10 blocks achieves 0.1000..0.9000"):
         plan("paper", 0.99, 10, linear, what="--ratio")
-    for accept in (False, True):  # matched refuses by its own rule, which no flag lifts
-        with pytest.raises(ValueError, match="ratio 0.99 is unreachable: removing 9 of 10 "
-                                             "blocks achieves only 0.9000"):
-            plan("matched", 0.99, 10, linear, accept_miss=accept)
+    with pytest.raises(RatioOutOfReach, match="policy 'matched' would remove 9 blocks, "
+                                              "achieving 0.9000"):
+        plan("matched", 0.99, 10, linear)
+    assert plan("matched", 0.99, 10, linear, accept_miss=True).k == 9  # the one rule's flag
     kept = plan("paper", 0.99, 10, linear, accept_miss=True)
     assert (kept.k, kept.in_reach) == (9, False)
     assert kept.summary() == "target 0.99, achieved 0.9000 (9 of 10 blocks, policy 'paper')"

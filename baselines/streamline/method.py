@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from baselines.streamline.modules import StreamlineFFN
 from baselines.streamline.span import choose_span, span_similarities
 from baselines.streamline.train import fit_module, span_pairs
 from flexigpt.artifacts import empty_model
-from flexigpt.block_count import block_count, uniform_block_size
+from flexigpt.block_count import block_count, uniform_block_size, unique_param_count
 from flexigpt.methods.lora import lora_recovery
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import compression_ratio, count_parameters
@@ -59,6 +60,16 @@ def span_length(model: nn.Module, cfg: StreamlineConfig) -> tuple[int, float]:
         raise ValueError(f"replacing {n} blocks by a {cfg.module} module saves no parameters "
                          f"(module {added:,} vs {n} blocks of {per_block:,})")
     return n, achieved(n)
+
+
+def ratio_curve(model: nn.Module, cfg: StreamlineConfig) -> tuple[int, Callable[[int], float]]:
+    """``(blocks, achieved(n))``: the ratio of replacing n blocks by the module (``Method
+    .ratio_curve``); counts a real model or a meta-device skeleton alike."""
+    blocks = get_adapter(model).layers(model)
+    config: Any = model.config  # an HF config: its fields vary by family
+    dense, per_block = unique_param_count(model), unique_param_count(blocks[0])
+    added = module_parameters(cfg, config.hidden_size, per_block)
+    return len(blocks), lambda n: (n * per_block - added) / dense
 
 
 def _module(model: nn.Module, start: int, cfg: StreamlineConfig) -> nn.Module:
@@ -135,4 +146,4 @@ METHOD = Method(name="streamline", config_cls=StreamlineConfig, compress=compres
                 rebuild=rebuild, recovery="lora",
                 description="LLM-Streamline: a contiguous span of blocks replaced by one "
                             "lightweight module trained to reproduce its output",
-                card_lines=card_lines)
+                card_lines=card_lines, ratio_curve=ratio_curve)

@@ -37,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
     from flexigpt.export.plain import NotExportable, export_plain
 
     if args.card:
+        if args.result:  # parsed and checked as `flexigpt tables` would, before any write
+            from flexigpt.tables.collect import parse_result
+
+            parse_result(args.result)
         print(f"-> {write_model_card(args.model_dir, args.result)}")
         return 0
     if args.result:

@@ -44,11 +44,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write texts and statistics to this JSON file")
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """Counts are integers at or above their minimum, ``--temperature`` >= 0 and
+    ``--top-p`` in (0, 1] (``ValueError`` naming the flag); before the model is loaded."""
+    from flexigpt.api import check_count
+
+    check_count(args.max_new_tokens, "--max-new-tokens")
+    check_count(args.batch_size, "--batch-size")
+    check_count(args.seed, "--seed", minimum=0)
+    for flag in ("draft_length", "threads"):
+        if getattr(args, flag) is not None:
+            check_count(getattr(args, flag), f"--{flag.replace('_', '-')}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature!r}")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p!r}")
+
+
+def check_length(config: object, prompt_tokens: int, max_new_tokens: int) -> None:
+    """``ValueError`` when the longest prompt plus ``--max-new-tokens`` exceeds the model's
+    positions: past them the text is garbage at ever-growing cost (the estimate is named)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and prompt_tokens + max_new_tokens > limit:
+        raise ValueError(
+            f"--max-new-tokens {max_new_tokens} with a {prompt_tokens}-token prompt needs "
+            f"{prompt_tokens + max_new_tokens} positions; the model has {limit} "
+            f"(max_position_embeddings): use --max-new-tokens <= {max(limit - prompt_tokens, 0)}")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from flexigpt.generation import DEFAULT_DRAFT_LENGTH, Generator, read_prompts
 
+    check_flags(args)
     prompts = list(args.prompts)
     if args.prompts_file:
         prompts += read_prompts(args.prompts_file)
@@ -57,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     gen = Generator(args.model, dtype=args.dtype, device=args.device)
+    longest = max(len(gen.tokenizer(p)["input_ids"]) for p in prompts)
+    check_length(gen.model.config, longest, args.max_new_tokens)
     merged = None
     if args.merged:
         from flexigpt.generation.merged import merge_replacement_linears

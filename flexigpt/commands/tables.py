@@ -59,5 +59,8 @@ def run(args: argparse.Namespace) -> int:
                         manifests=args.manifests, published=args.published,
                         formats=formats,
                         make_plots=not args.no_plots)
+    if not [p for p in written if p.name != "index.txt"]:
+        raise ValueError(f"no evaluation or timing results found in "
+                         f"{args.results or 'the files given'}: nothing to tabulate")
     print(f"wrote {len(written)} files to {args.out}")
     return 0

@@ -75,6 +75,28 @@ def check_flags(args: argparse.Namespace) -> None:
             check_count(value, flag, minimum)
 
 
+def check_something_to_train(model: str, cfg: object) -> None:
+    """``ValueError`` (exit 2) when the recipe that would run trains nothing: ``--recipe
+    none``, or a model whose method recovers with ``none`` (one-shot ShortGPT, a dense
+    checkpoint) and no ``--recipe``; the API still saves such a model unchanged."""
+    from pathlib import Path
+
+    from flexigpt.artifacts import read_manifest
+    from flexigpt.registry import get_method
+    from flexigpt.training.config import resolve_plan
+
+    if (Path(model) / "manifest.json").is_file():
+        plan = resolve_plan(cfg, read_manifest(model))  # type: ignore[arg-type]
+        recipe, source = plan.recipe, plan.sources.get("recipe", "config")
+    else:
+        recipe = getattr(cfg, "recipe", None) or get_method("dense").recovery
+        source = "config" if getattr(cfg, "recipe", None) else "method"
+    if recipe == "none":
+        where = "--recipe none" if source == "config" else f"the {source}'s recipe is 'none'"
+        raise ValueError(f"nothing to train in {model}: {where}; choose --recipe lora, full "
+                         "or last_blocks")
+
+
 def run(args: argparse.Namespace) -> int:
     from flexigpt.training import TrainConfig, train_model
 
@@ -94,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         lora_targets=tuple(args.lora_targets.split(",")) if args.lora_targets else None,
         lora_other_blocks=args.lora_other_blocks, lora_budget=args.lora_budget,
         loss=args.loss, kd_temperature=args.kd_temperature, device=args.device)
+    check_something_to_train(args.model, cfg)
     manifest = train_model(args.model, args.out, cfg, text=args.text,
                            validation=args.validation or None, teacher=args.teacher)
     from flexigpt.training.processes import is_main_process

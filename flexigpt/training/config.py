@@ -151,6 +151,10 @@ class TrainConfig:
         if self.eval_windows is not None:
             _check_int(self, "eval_windows")
         self._check_lora()
+        if self.warmup >= 1 and int(self.warmup) > self.steps():
+            raise ValueError(f"warmup of {int(self.warmup)} steps is longer than the whole run "
+                             f"({self.steps()} optimizer steps of {self.global_batch} x "
+                             f"{self.seq_len} tokens)")
 
     def _check_counts(self) -> None:
         """Token, batch, step-count and seed fields are integers in range."""

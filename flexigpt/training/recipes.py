@@ -122,6 +122,11 @@ def _budget_rank(model: nn.Module, plan: TrainPlan, target: int,
     :data:`BUDGET_TOLERANCE`."""
     fixed = adapter_trainable(model) if plan.recipe == "flexigpt" else 0
     per_rank = lora_params_per_rank(lora_candidates(model, lora_blocks, targets)[0])
+    smallest = fixed + per_rank
+    if target < smallest and (smallest - target) / target > BUDGET_TOLERANCE:
+        raise ValueError(f"lora budget {target:,} is below the smallest trainable set of this "
+                         f"model: {smallest:,} parameters (LoRA rank 1"
+                         + (" + the FlexiGPT adapters)" if fixed else ")"))
     rank = rank_for_budget(target, fixed, per_rank)
     alpha = plan.lora_alpha * rank / plan.lora_rank  # keep the LoRA scaling α/r
     achieved = fixed + rank * per_rank

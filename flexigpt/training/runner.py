@@ -72,10 +72,33 @@ def train_model(model_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: T
     if cfg.loss == "kd":
         if teacher is None:
             raise ValueError("loss 'kd' needs a teacher model (train_model(teacher=...))")
-        teacher_model = load_compressed(teacher, device=device).model
+        teacher_loaded = load_compressed(teacher, device=device)
+        check_same_tokenizer(loaded.tokenizer, teacher_loaded.tokenizer, str(teacher))
+        teacher_model = teacher_loaded.model
         source["teacher"] = str(teacher)
     return train_loaded(loaded, out_dir, cfg, text, validation, source, on_step, teacher_model,
                         stop_step, memo)
+
+
+#: the special tokens a KD teacher must place where the student does
+SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+
+
+def check_same_tokenizer(student: Any, teacher: Any, teacher_name: str) -> None:
+    """``ValueError`` unless the KD ``teacher``'s tokenizer maps every token to the id the
+    student's does and agrees on the special tokens: distillation compares the two models'
+    distributions position by position over the same ids (checked, not assumed)."""
+    if student.get_vocab() != teacher.get_vocab():
+        mine, theirs = student.get_vocab(), teacher.get_vocab()
+        differ = len(set(mine.items()) ^ set(theirs.items()))
+        raise ValueError(f"teacher {teacher_name} has another tokenizer ({len(theirs):,} "
+                         f"tokens vs the student's {len(mine):,}; {differ:,} token-id pairs "
+                         "differ): KD needs the same vocabulary")
+    for name in SPECIAL_TOKENS:
+        if getattr(student, name, None) != getattr(teacher, name, None):
+            raise ValueError(f"teacher {teacher_name} has {name} "
+                             f"{getattr(teacher, name, None)!r}, the student "
+                             f"{getattr(student, name, None)!r}: KD needs the same special tokens")
 
 
 def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConfig,

@@ -1,0 +1,192 @@
+"""Issue 48, item 2: values are checked for meaning at the edge of every command, and a
+command with nothing to do says so — each case one line on stderr and exit code 2, nothing
+written. The ratio rule holds for every method of the registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from flexigpt.cli import main as cli_main
+from flexigpt.registry import METHODS, get_method
+
+
+def cli(capsys, *argv: str) -> tuple[int, str]:
+    rc = cli_main(list(argv))
+    captured = capsys.readouterr()
+    return rc, captured.out + captured.err
+
+
+def one_line_refusal(rc: int, text: str, *words: str) -> None:
+    errors = [ln for ln in text.strip().splitlines() if ": error: " in ln]
+    assert rc == 2 and len(errors) == 1, text
+    for word in words:
+        assert word in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("command, argv, flag", [
+    ("train", ["--tokens", "64", "--grad-clip", "nan"], "--grad-clip"),
+    ("train", ["--tokens", "64", "--lr", "inf"], "--lr"),
+    ("train", ["--tokens", "64", "--warmup", "inf"], "--warmup"),
+    ("generate", ["hello", "--temperature", "nan"], "--temperature"),
+    ("extend", ["--layers", "6", "--gamma-init", "nan"], "--gamma-init"),
+    ("export", ["--atol", "nan"], "--atol"),
+])
+def test_non_finite_numbers_are_refused_naming_the_flag(tmp_path, capsys, command, argv, flag):
+    """Every float flag of every command is finite (the check reads the parser, so a new
+    flag inherits it): before any file is opened."""
+    model = ["--model", str(tmp_path / "m")] if command != "export" else [str(tmp_path / "m")]
+    out = ["--out", str(tmp_path / "out")]
+    rc, text = cli(capsys, command, *model, *(out if command != "generate" else []), *argv)
+    one_line_refusal(rc, text, f"{flag} must be a finite number")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--threads", "0"], "--threads must be an integer >= 1"),
+    (["--draft-length", "0"], "--draft-length must be an integer >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1"),
+    (["--batch-size", "0"], "--batch-size must be an integer >= 1"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+])
+def test_generate_flags_are_checked_before_the_model_loads(tmp_path, capsys, argv, words):
+    rc, text = cli(capsys, "generate", "--model", str(tmp_path / "no-model"), "hi", *argv)
+    one_line_refusal(rc, text, words)
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_generation_past_the_models_positions_is_refused_with_the_estimate(
+        tmp_path, capsys, tiny_checkpoint):
+    """The tiny model has 512 positions: 5,000 new tokens would run long and mean nothing."""
+    rc, text = cli(capsys, "generate", "--model", str(tiny_checkpoint), "a b c",
+                   "--max-new-tokens", "5000")
+    one_line_refusal(rc, text, "--max-new-tokens 5000", "positions; the model has 512",
+                     "use --max-new-tokens <=")
+
+
+def test_warmup_longer_than_the_run_is_refused():
+    from flexigpt.training import TrainConfig
+
+    with pytest.raises(ValueError, match=r"warmup of 100 steps is longer than the whole run "
+                                         r"\(2 optimizer steps"):
+        TrainConfig(tokens=64, seq_len=16, micro_batch=2, global_batch=2, warmup=100)
+    assert TrainConfig(tokens=64, seq_len=16, micro_batch=2, global_batch=2, warmup=2)
+
+
+@pytest.mark.parametrize("argv, words", [
+    ([], "the method's recipe is 'none'"),
+    (["--recipe", "none"], "--recipe none"),
+])
+def test_train_with_nothing_to_train_exits_2(tmp_path, capsys, tiny_checkpoint, text_file,
+                                              argv, words):
+    """A dense checkpoint recovers with recipe 'none' (as one-shot ShortGPT does): the
+    command says so instead of saving "0 steps, 0 tokens" with rc 0."""
+    out = tmp_path / "out"
+    rc, text = cli(capsys, "train", "--model", str(tiny_checkpoint), "--out", str(out),
+                   "--tokens", "64", "--seq-len", "16", "--micro-batch", "2",
+                   "--global-batch", "2", "--text", str(text_file), "--validation", "",
+                   *argv)
+    one_line_refusal(rc, text, "nothing to train", words, "choose --recipe lora")
+    assert not out.exists()
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_a_lora_budget_below_rank_one_is_refused(tmp_path, tiny_checkpoint, text_file):
+    from flexigpt.training import TrainConfig, train_model
+
+    cfg = TrainConfig(tokens=64, seq_len=16, micro_batch=2, global_batch=2, recipe="lora",
+                      lora_budget=1, eval_windows=None)
+    with pytest.raises(ValueError, match=r"lora budget 1 is below the smallest trainable set "
+                                         r"of this model: [\d,]+ parameters \(LoRA rank 1\)"):
+        train_model(tiny_checkpoint, tmp_path / "out", cfg, text=text_file)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_kd_teacher_with_another_tokenizer_is_refused(text_file, tiny_tokenizer):
+    from conftest import make_tokenizer
+
+    from flexigpt.training.runner import check_same_tokenizer
+
+    check_same_tokenizer(tiny_tokenizer, tiny_tokenizer, "same")
+    other = make_tokenizer(text_file.read_text(), vocab_size=200)
+    with pytest.raises(ValueError, match="teacher t has another tokenizer"):
+        check_same_tokenizer(tiny_tokenizer, other, "t")
+
+
+def test_tables_with_no_results_exits_2(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    rc, text = cli(capsys, "tables", "--results", str(tmp_path / "empty"),
+                   "--out", str(tmp_path / "t"), "--no-plots")
+    one_line_refusal(rc, text, "no evaluation or timing results found", "nothing to tabulate")
+
+
+@pytest.mark.parametrize("content, words", [
+    ("{not json", "JSON"),
+    ("{}", "result"),
+])
+def test_export_card_checks_the_result_json_first(tmp_path, capsys, content, words):
+    from conftest import manifest_for
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "manifest.json").write_text(json.dumps(manifest_for().to_dict()))
+    result = tmp_path / "result.json"
+    result.write_text(content)
+    rc, text = cli(capsys, "export", str(model), "--card", "--result", str(result))
+    one_line_refusal(rc, text, words)
+    assert not (model / "README.md").exists()
+
+
+def _ratio_methods() -> list[str]:
+    return [name for name in METHODS
+            if "ratio" in {f.name for f in dataclasses.fields(get_method(name).config_cls)}]
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize("method", _ratio_methods())
+def test_one_ratio_rule_for_every_method(tmp_path, capsys, tiny_checkpoint, text_file, method):
+    """--ratio 0.99 of a 4-block model: every method of the registry refuses it in one line
+    naming the target, before writing anything. With --accept-ratio-miss a block-count method
+    compresses and prints target and achieved (or meets its own structural limit, named); a
+    width method (no block count: SliceGPT,
+    LLM-Pruner) still refuses, since no width it can keep reaches the target."""
+    common = ["compress", "--method", method, "--model", str(tiny_checkpoint),
+              "--calibration", str(text_file), "--n-calibration", "2", "--seq-len", "16",
+              "--ratio", "0.99"]
+    rc, text = cli(capsys, *common, "--out", str(tmp_path / "refused"))
+    one_line_refusal(rc, text, "0.99")
+    assert not (tmp_path / "refused").exists()
+    rc, text = cli(capsys, *common, "--accept-ratio-miss", "--out", str(tmp_path / "kept"))
+    blocks = METHODS[method].block_count is not None or get_method(method).ratio_curve
+    if not blocks:
+        one_line_refusal(rc, text, "0.99", "reachable")
+        return
+    if rc == 2:  # the method's own structural limit (ReplaceMe keeps block 0 and one more)
+        one_line_refusal(rc, text, "blocks")
+        assert "out of reach" not in text
+        return
+    achieved = json.loads((tmp_path / "kept/manifest.json").read_text())["parameters"]
+    assert f"target ratio 0.99, achieved ratio {achieved['achieved_ratio']:.4f}" in text
+
+
+def test_a_width_method_that_misses_is_refused_after_compressing():
+    """check_achieved: the ratio rule for the methods without a block count, judged on what
+    they achieved (nothing is written yet); accepted with the flag."""
+    from flexigpt.api import check_achieved
+    from flexigpt.block_count import RatioOutOfReach
+
+    width = next(m for m in METHODS if METHODS[m].block_count is None
+                 and get_method(m).ratio_curve is None and m != "dense"
+                 and "ratio" in {f.name for f in dataclasses.fields(get_method(m).config_cls)})
+    cfg = type("Cfg", (), {"ratio": 0.3, "match_ratio": None})()
+    check_achieved(width, cfg, 0.31, step=0.05)  # within half a block step
+    with pytest.raises(RatioOutOfReach, match=r"achieved ratio 0.2000 for target 0.3, more "
+                                              r"than half a block step \(0.0250\) away"):
+        check_achieved(width, cfg, 0.20, step=0.05)
+    check_achieved(width, cfg, 0.20, step=0.05, accept_miss=True)
+    block = next(m for m in METHODS if METHODS[m].block_count is not None)
+    check_achieved(block, cfg, 0.20, step=0.05)  # judged before any work instead
