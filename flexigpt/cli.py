@@ -3,8 +3,8 @@
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
 ``run(args) -> int``; it is imported only when its subcommand runs.
 
-Every user error ends the command with one line on stderr and exit code 2 (``-v`` shows
-the traceback); an I/O failure while writing ``--out`` (a full disk, also as safetensors'
+Every user error ends the command with one line on stderr and exit code 2, Ctrl-C with one
+line and 130 (``-v`` shows the traceback); an I/O failure while writing ``--out`` (a full disk, also as safetensors'
 ``SafetensorError``) is one line naming ``--out`` (:func:`flexigpt.preflight.write_failure`;
 the atomic save leaves a previous output intact). Before any heavy work, commands that write
 an output directory refuse an existing ``--out`` that is not a previous output of theirs,
@@ -159,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"flexigpt {args.command}: error: {_message(err, args)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.verbose:
+            raise
+        print(f"flexigpt {args.command}: interrupted; outputs are written atomically, so "
+              "nothing was half-written (a resumable run resumes from its checkpoint)",
+              file=sys.stderr)
+        return 130
 
 
 def _message(err: BaseException, args: argparse.Namespace) -> str:

@@ -190,3 +190,15 @@ def test_a_width_method_that_misses_is_refused_after_compressing():
     check_achieved(width, cfg, 0.20, step=0.05, accept_miss=True)
     block = next(m for m in METHODS if METHODS[m].block_count is not None)
     check_achieved(block, cfg, 0.20, step=0.05)  # judged before any work instead
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    import flexigpt.commands.tables as tables
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tables, "run", interrupted)
+    rc, text = cli(capsys, "tables", "--out", "x")
+    lines = text.strip().splitlines()
+    assert rc == 130 and len(lines) == 1 and "flexigpt tables: interrupted" in lines[0]

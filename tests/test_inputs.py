@@ -339,3 +339,41 @@ def test_dry_run_with_a_tampered_model_stops_before_any_job(built_model, tmp_pat
     assert out.returncode != 0
     assert "model.path:" in text and "['model.safetensors'] changed since the save" in text
     assert "rule compress" not in text
+
+
+# ---- config errors: one line naming the file and the key (issue 48, item 4) -----------------
+@pytest.mark.parametrize("edit, line", [
+    (lambda c: c.update(ratios=["1e-05"]),
+     "ratios[0]: '1e-05' is text, not a number: YAML 1.1 reads an exponent"),
+    (lambda c: c.update(ratios=[]), "ratios: [] needs at least 1 item(s)"),
+    (lambda c: c.update(ratios=0.3), "ratios: 0.3 is not a list (e.g. [0.3, 0.4])"),
+    (lambda c: c.update(ratios=[1.5]), "ratios[0]: 1.5 must be < 1"),
+    (lambda c: c.update(bogus_key=1), "bogus_key: unknown key (known: ablations,"),
+    (lambda c: c.pop("calibration"), "missing required key 'calibration'"),
+    (lambda c: c["methods"]["flexigpt"].update(optins={}),
+     "methods.flexigpt.optins: unknown key (known: budget, match, options,"),
+    (lambda c: c["training"].update(tokens="many"), "training.tokens: 'many' is not an integer"),
+])
+def test_schema_errors_are_one_line_naming_file_and_key(tmp_path, edit, line):
+    from flexigpt.config_schema import check_schema
+
+    cfg = copy.deepcopy(SMOKE)
+    edit(cfg)
+    with pytest.raises(ConfigError) as err:
+        check_schema(cfg, [str(tmp_path / "my.yaml")])
+    message = str(err.value)
+    assert message.startswith(f"config file '{tmp_path / 'my.yaml'}': ") and line in message
+    assert "\n" not in message and len(message) < 400
+
+
+def test_flexigpt_run_names_a_bad_key_in_one_line_before_snakemake(tmp_path):
+    cfg = copy.deepcopy(SMOKE)
+    cfg["ratios"] = [1.5]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([sys.executable, "-m", "flexigpt", "run", "--cores", "1", "-n",
+                          "--configfile", str(path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"config file '{path}': ratios[0]: 1.5 must be < 1" in lines[0]

@@ -25,10 +25,12 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from flexigpt.config_check import check_config_files
+    from flexigpt.config_schema import check_schema
     from flexigpt.dag.archive import add_model_facts, archive_run
 
     check_config_files([args.configfile])
     config = yaml.safe_load(Path(args.configfile).read_text())
+    check_schema(config, [args.configfile])
     if args.facts_only:
         print(f"wrote the model facts into {add_model_facts(config, args.out, args.workdir)}")
         return 0

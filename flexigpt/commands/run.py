@@ -183,19 +183,72 @@ def configfiles(args: list[str]) -> list[str]:
     return found
 
 
+#: the config Snakemake reads when no ``--configfile`` is given (the Snakefile's default)
+DEFAULT_CONFIG = Path("config") / "config.yaml"
+
+
+def merged_config(files: list[str]) -> dict[str, Any]:
+    """The config Snakemake builds from ``files`` in order (later keys win, mappings merged
+    key by key, as its ``update_config`` does)."""
+    import yaml
+
+    def merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+        for key, value in new.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
+
+    config: dict[str, Any] = {}
+    for path in files:
+        merge(config, yaml.safe_load(Path(path).read_text()) or {})
+    return config
+
+
+def preflight_config(passed: list[str], workdir: Path) -> None:
+    """The config checks of the Snakefile, before Snakemake starts, so that a bad config is
+    one line naming the file and the key (:func:`flexigpt.config_schema.check_schema`, then
+    the run grid's checks: :meth:`flexigpt.dag.RunGrid.from_config`), not the schema dump
+    and stack frames Snakemake wraps around it. Skipped for ``--config`` overrides (the
+    Snakefile checks the merged result) and when no config file is at hand.
+
+    Raises:
+        ConfigError: one line.
+    """
+    import contextlib
+
+    from flexigpt.config_schema import check_schema
+    from flexigpt.dag import RunGrid
+
+    files = configfiles(passed) or ([str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else [])
+    if not files or any(a in ("--config", "-C") or a.startswith("--config=") for a in passed):
+        return
+    config = merged_config(files)
+    check_schema(config, files)
+    named = ", ".join(repr(f) for f in files)
+    with contextlib.chdir(workdir):
+        try:
+            RunGrid.from_config(config)
+        except ConfigError as err:
+            raise ConfigError(f"config file {named}: {err}") from None
+        except (ValueError, KeyError) as err:
+            raise ConfigError(f"config file {named}: {' '.join(str(err).split())}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     passed = [a for a in args.snakemake_args if a != "--"]
     # an empty or non-mapping --configfile is refused here, naming the file, before
     # Snakemake parses it (its own message for a YAML list does not name the file)
-    try:
-        check_config_files(configfiles(passed))
-    except ConfigError as err:
-        log.error("%s", err)
-        return 1
     workdir = Path.cwd()
     for flag in ("--directory", "-d"):
         if flag in passed and passed.index(flag) + 1 < len(passed):
             workdir = Path(passed[passed.index(flag) + 1])
+    try:
+        check_config_files(configfiles(passed))
+        preflight_config(passed, workdir)
+    except ConfigError as err:
+        log.error("%s", err)
+        return 1
     clear_stale_lock(workdir)
     child = subprocess.Popen(snakemake_command(passed))
     owner = OwnerRecord(workdir, child)

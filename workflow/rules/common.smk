@@ -6,6 +6,7 @@ from snakemake.utils import validate
 
 from flexigpt.code_deps import rule_code_version
 from flexigpt.config_check import check_ratios, raise_problems
+from flexigpt.config_schema import check_schema
 from flexigpt.dag import RunGrid
 from flexigpt.resource_check import check_resources
 from flexigpt.schedule import Priorities
@@ -14,6 +15,8 @@ from flexigpt.workflow_support import PROMPT_TEXT, checkout_on_pythonpath
 # jobs import the harness from this checkout (under --use-conda their environment holds only
 # its dependencies: workflow/envs/flexigpt.yaml)
 checkout_on_pythonpath(workflow.basedir)
+# one line naming the file and the key (Snakemake's validate would print the whole schema)
+check_schema(config, workflow.config_settings.configfiles)
 validate(config, schema="../schemas/config.schema.yaml")  # also fills the schema's defaults
 # ratios that would merge into one run directory, or name one the DAG cannot match, first
 raise_problems(((item, "") for item in check_ratios(config)))
