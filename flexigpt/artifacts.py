@@ -81,6 +81,7 @@ from flexigpt.manifest import (
 from flexigpt.models.checkpoint_format import compression_spec
 from flexigpt.models.loading import family_config, load_model, parse_dtype, refuse_remote_code
 from flexigpt.registry import get_method
+from flexigpt.structure import check_described
 
 if TYPE_CHECKING:  # transformers itself is imported on first use
     from transformers import PreTrainedModel
@@ -314,10 +315,19 @@ def empty_model(config: Any) -> PreTrainedModel:
 
 
 def _rebuild(model_dir: Path, manifest: Manifest, config: Any) -> nn.Module:
-    """The skeleton ``manifest``'s method rebuilds from its structure on ``config``;
-    :class:`CheckpointError` naming ``model_dir`` when the structure does not fit."""
+    """The skeleton ``manifest``'s method rebuilds from its structure on ``config``, once the
+    structure is checked (:mod:`flexigpt.structure`: ``info`` agrees with it, the method's
+    ``check_structure``); :class:`CheckpointError` naming ``model_dir`` when it does not fit."""
+    method = get_method(manifest.method)
     try:
-        return get_method(manifest.method).rebuild(config, manifest.structure)
+        check_described(manifest.structure, manifest.info)
+        if method.check_structure is not None:
+            method.check_structure(manifest.structure, config)
+    except ValueError as err:
+        raise CheckpointError(f"{str(model_dir)!r}: manifest.json does not describe this "
+                              f"model: {err}") from None
+    try:
+        return method.rebuild(config, manifest.structure)
     except (KeyError, ValueError, TypeError, IndexError) as err:
         raise CheckpointError(f"{str(model_dir)!r}: cannot rebuild the {manifest.method!r} "
                               f"model from manifest.json's structure ({type(err).__name__}: "

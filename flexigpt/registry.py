@@ -127,6 +127,9 @@ class Method:
             model computes the same function (``flexigpt export``).
         card_lines: ``(manifest) -> [Markdown lines]`` describing the saved structure in
             its model card.
+        check_structure: ``(structure, config) -> None``; raise ``ValueError`` naming the
+            field when a saved manifest's ``structure`` is malformed or does not fit the
+            saved ``config.json`` (:mod:`flexigpt.structure`; checked on every load).
         ratio_curve: ``(model, cfg) -> (n_blocks, achieved(k))`` for a method whose ratio
             becomes a block count by its own arithmetic (``MethodFacts.block_count`` covers
             plain removal and FlexiGPT's replacement): the ratio rule of
@@ -146,6 +149,7 @@ class Method:
     plain: Callable[[Any, bool], tuple[Any, str]] | None = None
     card_lines: Callable[[Any], list[str]] | None = None
     ratio_curve: Callable[[Any, Any], tuple[int, Callable[[int], float]]] | None = None
+    check_structure: Callable[[dict[str, Any], Any], None] | None = None
 
     @property
     def needs_calibration(self) -> bool:

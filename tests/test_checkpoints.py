@@ -363,7 +363,12 @@ def test_model_cards(saved, tmp_path, capsys):
               "tasks": {"arc_easy": {"metric": "acc_norm", "value": 0.5, "stderr": 0.1,
                                      "n_docs": 4}},
               "lm_eval": {"version": "0.4.13", "num_fewshot": 0, "backend": "fast"},
-              "created": "2025-01-01T00:00:00+00:00"}
+              "created": "2025-01-01T00:00:00+00:00",
+              # what `flexigpt tables` needs too (export --card checks the file as it does)
+              "method": "dense", "num_layers": 4,
+              "labels": {"model": "tiny", "method": "dense", "variant": "default",
+                         "ratio": None, "stage": "final", "seed": 0},
+              "parameters": {"dense": 100, "compressed": 100, "achieved_ratio": 0.0}}
     (tmp_path / "r.json").write_text(json.dumps(result))
     path = write_model_card(saved["shortgpt"], tmp_path / "r.json")
     text = path.read_text()

@@ -25,6 +25,7 @@ from flexigpt.methods.lora import lora_recovery
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import compression_ratio, count_parameters
 from flexigpt.registry import CompressionResult, Method
+from flexigpt.structure import check_removed_blocks
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def card_lines(manifest: Any) -> list[str]:
 
 
 METHOD = Method(name="replaceme", config_cls=ReplaceMeConfig, compress=compress,
-                rebuild=rebuild, recovery="lora",
+                rebuild=rebuild, check_structure=check_removed_blocks, recovery="lora",
                 description="ReplaceMe: a contiguous span of blocks removed, replaced by a "
                             "linear map folded into the block before it",
                 card_lines=card_lines)

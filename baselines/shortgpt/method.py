@@ -31,6 +31,7 @@ from flexigpt.methods.surgery import check_flexigpt_rank
 from flexigpt.models.adapters import ArchAdapter, get_adapter
 from flexigpt.params import compression_ratio, count_parameters
 from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
+from flexigpt.structure import check_removed_blocks
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +152,10 @@ def lora_size_problem(model: nn.Module, cfg: ShortGPTLoRAConfig) -> tuple[str, s
 
 
 METHOD = Method(name="shortgpt", config_cls=ShortGPTConfig, compress=compress,
-                rebuild=rebuild, recovery="none",
+                rebuild=rebuild, check_structure=check_removed_blocks, recovery="none",
                 description="ShortGPT: the lowest-Block-Influence blocks removed",
                 card_lines=card_lines)
 METHOD_LORA = Method(name="shortgpt_lora", config_cls=ShortGPTLoRAConfig,
-                     compress=compress_lora, rebuild=rebuild, recovery="lora",
+                     compress=compress_lora, rebuild=rebuild, check_structure=check_removed_blocks, recovery="lora",
                      description="ShortGPT + LoRA recovery (merged back into the linears)",
                      check_sizes=lora_size_problem, card_lines=card_lines)

@@ -29,6 +29,7 @@ from flexigpt.methods.lora import lora_recovery
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import compression_ratio, count_parameters
 from flexigpt.registry import CompressionResult, Method
+from flexigpt.structure import block_span, check_block_count, dense_block_count
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,18 @@ def span_length(model: nn.Module, cfg: StreamlineConfig) -> tuple[int, float]:
         raise ValueError(f"replacing {n} blocks by a {cfg.module} module saves no parameters "
                          f"(module {added:,} vs {n} blocks of {per_block:,})")
     return n, achieved(n)
+
+
+def check_structure(structure: dict[str, Any], config: Any) -> None:
+    """``Method.check_structure``: the span lies in the dense model, the module is a block or
+    an FFN, and the saved config holds the L − n + 1 blocks it implies."""
+    n = dense_block_count(structure)
+    start, end = block_span(structure, "span", n)
+    if structure.get("module") not in ("block", "ffn"):
+        raise ValueError(f"structure.module must be 'block' or 'ffn', got "
+                         f"{structure.get('module')!r}")
+    check_block_count(config, n - (end - start) + 1,
+                      f"{n} dense blocks, span {start}..{end - 1} replaced by one module")
 
 
 def ratio_curve(model: nn.Module, cfg: StreamlineConfig) -> tuple[int, Callable[[int], float]]:
@@ -146,4 +159,5 @@ METHOD = Method(name="streamline", config_cls=StreamlineConfig, compress=compres
                 rebuild=rebuild, recovery="lora",
                 description="LLM-Streamline: a contiguous span of blocks replaced by one "
                             "lightweight module trained to reproduce its output",
-                card_lines=card_lines, ratio_curve=ratio_curve)
+                card_lines=card_lines, ratio_curve=ratio_curve,
+                check_structure=check_structure)

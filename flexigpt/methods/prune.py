@@ -44,6 +44,7 @@ from flexigpt.methods.truncated_svd import SOLVERS as SVD_SOLVERS
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.registry import CompressionResult, Method, RecoveryRecipe, validate_ratio
+from flexigpt.structure import block_indices
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,29 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
     return model
 
 
+def check_structure(structure: dict[str, Any], config: Any) -> None:
+    """``Method.check_structure``: ``pruned_blocks`` are positions of the saved model (which
+    keeps every block), ``base_map`` maps exactly those to unpruned blocks, ``ranks`` are
+    positive integers."""
+    n = getattr(config, "num_hidden_layers", None)
+    if not isinstance(n, int):
+        raise ValueError(f"config.json's num_hidden_layers is {n!r}")
+    pruned = block_indices(structure, "pruned_blocks", n)
+    base_map = structure.get("base_map")
+    if not isinstance(base_map, dict) or set(base_map) != {str(i) for i in pruned}:
+        raise ValueError(f"structure.base_map must map exactly the pruned blocks {pruned} "
+                         f"(as strings) to their bases, got {base_map!r}")
+    for replaced, base in base_map.items():
+        if (not isinstance(base, int) or isinstance(base, bool) or not 0 <= base < n
+                or base in pruned):
+            raise ValueError(f"structure.base_map[{replaced!r}] = {base!r} is not an unpruned "
+                             f"block in [0, {n})")
+    ranks = structure.get("ranks")
+    if not isinstance(ranks, dict) or not ranks or not all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks.values()):
+        raise ValueError(f"structure.ranks must map linears to positive integers, got {ranks!r}")
+
+
 def rebuild(config: Any, structure: dict[str, Any]) -> nn.Module:
     """An empty skeleton with the replacement blocks of ``structure`` (weights loaded later)."""
     return apply_structure(empty_model(config), structure)
@@ -265,4 +289,5 @@ METHOD = Method(name="flexigpt", config_cls=FlexiGPTConfig, compress=compress, r
                             "weight-shared blocks (another block's linears + block-specific "
                             "LoRA + output norms)",
                 check_model=check_flexigpt_rank, check_sizes=rank_problem,
-                draft_skip=draft_skip_pruned, plain=plain_pruned, card_lines=card_pruned)
+                draft_skip=draft_skip_pruned, plain=plain_pruned, card_lines=card_pruned,
+                check_structure=check_structure)
