@@ -35,9 +35,9 @@ def _is_int(value: Any) -> bool:
 def dense_block_count(structure: dict[str, Any], key: str = "dense_blocks") -> int:
     """``structure[key]``: the dense model's block count, an integer >= 2."""
     value = structure.get(key)
-    if not _is_int(value) or value < 2:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
         raise ValueError(f"structure.{key} must be an integer >= 2, got {value!r}")
-    return int(value)
+    return value
 
 
 def block_indices(structure: dict[str, Any], key: str, n_blocks: int) -> list[int]:
