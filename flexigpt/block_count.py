@@ -189,7 +189,7 @@ def achieved_curve(removal: str, model: Any, cfg: Any) -> tuple[int, Callable[[i
 
 
 def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
-                what: str = "ratio") -> Plan | None:
+                what: str | None = None) -> Plan | None:
     """:func:`plan` of registered ``method`` with config ``cfg`` on ``model``; None for a
     method whose ratio is not a block count (neither ``MethodFacts.block_count`` nor the
     method's own ``Method.ratio_curve``, e.g. LLM-Streamline's span minus its module). The target
@@ -200,7 +200,9 @@ def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
     if removal is None and curve is None:
         return None
     match = getattr(cfg, "match_ratio", None)
-    target = match if cfg.policy == "matched" and match is not None else cfg.ratio
+    matched = cfg.policy == "matched" and match is not None
+    target = match if matched else cfg.ratio
+    what = what or ("match_ratio" if matched else "ratio")  # the option the target came from
     n_blocks, achieved = (curve(model, cfg) if curve is not None
                           else achieved_curve(str(removal), model, cfg))
     return plan(cfg.policy, target, n_blocks, achieved, accept_miss, what)

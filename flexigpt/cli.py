@@ -45,7 +45,9 @@ OUTPUT_KIND: dict[str, str] = {"compress": "model", "extend": "model", "train": 
 USER_ERRORS = (ValueError, RuntimeError, KeyError, OSError, ArithmeticError, SafetensorError)
 #: command → its flags naming input text files, checked to be files before any work
 INPUT_TEXTS: dict[str, tuple[str, ...]] = {"compress": ("calibration",),
-                                           "extend": ("calibration",), "train": ("text",)}
+                                           "extend": ("calibration",), "train": ("text",),
+                                           "evaluate": ("ppl_text",),
+                                           "generate": ("prompts_file",)}
 
 
 #: command → its flags naming input paths (models, texts, task data); an output may be none
@@ -95,7 +97,7 @@ def _preflight(args: argparse.Namespace) -> None:
     """Checks that need no heavy work: the output directory (not foreign, writable), the
     input text files, the training window length."""
     from flexigpt.fileio import check_apart, check_output
-    from flexigpt.input_files import check_file
+    from flexigpt.input_files import check_text
     from flexigpt.preflight import check_writable
 
     out = _output_flag(args)
@@ -109,9 +111,11 @@ def _preflight(args: argparse.Namespace) -> None:
         check_output(out, OUTPUT_KIND[args.command], args.force)
     if out:
         check_writable(out, "--out", directory=args.command != "evaluate")
+    if args.command == "generate" and getattr(args, "json", None):
+        check_writable(args.json, "--json", directory=False)
     for name in INPUT_TEXTS.get(args.command, ()):
-        if getattr(args, name, None):
-            check_file(getattr(args, name), f"--{name.replace('_', '-')} text file")
+        if getattr(args, name, None) and not getattr(args, "no_ppl", False):
+            check_text(getattr(args, name), f"--{name.replace('_', '-')} text file")
     if args.command == "train":
         model_dir = Path(args.model).expanduser()
         if (model_dir / "config.json").is_file():

@@ -51,6 +51,17 @@ def check_file(path: str | os.PathLike, what: str = "file") -> Path:
     return path
 
 
+def check_text(path: str | os.PathLike, what: str = "text file") -> Path:
+    """:func:`read_text` (a regular UTF-8 file, as recorded), which must hold something.
+
+    Raises:
+        InputFileError: as :func:`read_text`, or the file is empty / whitespace only.
+    """
+    if not read_text(path, what).strip():
+        raise InputFileError(f"{what} {str(path)!r} is empty")
+    return Path(path)
+
+
 def recorded_digest(path: str | os.PathLike) -> tuple[Path, str, str] | None:
     """``(marked directory, relative name, sha256)`` recorded for ``path`` by the nearest
     enclosing directory that has an output marker; None when that marker does not list it

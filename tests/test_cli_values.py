@@ -202,3 +202,69 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     rc, text = cli(capsys, "tables", "--out", "x")
     lines = text.strip().splitlines()
     assert rc == 130 and len(lines) == 1 and "flexigpt tables: interrupted" in lines[0]
+
+
+def test_extension_estimate_matches_the_built_model_and_refuses_what_cannot_fit(
+        tmp_path, capsys, tiny_checkpoint):
+    """The estimate counts the extended model exactly on a skeleton; --layers 100000 is
+    refused with it, before anything is built."""
+    from conftest import make_model
+
+    from flexigpt.commands.extend import check_fits
+    from flexigpt.methods.extend import ExtendConfig, extension_parameters
+    from flexigpt.methods.extend import compress as extend
+    from flexigpt.params import count_parameters
+
+    model = make_model()
+    estimate = extension_parameters(model, 6)
+    built = extend(model, None, None, ExtendConfig(layers=6)).model
+    assert estimate == count_parameters(built)
+    with pytest.raises(ValueError, match=r"--layers 100000 makes a model of ~\d+\.\d+ B "
+                                         r"parameters, ~\d+\.\d GiB in float32 for the weights "
+                                         r"alone; 1\.0 GiB of memory is available"):
+        check_fits(str(tiny_checkpoint), 100000, None, "float32", available=2**30)
+    rc, text = cli(capsys, "extend", "--model", str(tiny_checkpoint), "--layers", "10000000",
+                   "--out", str(tmp_path / "big"))
+    one_line_refusal(rc, text, "--layers 10000000 makes a model of", "lower --layers")
+    assert not (tmp_path / "big").exists()
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", "is empty"), (b"  \n\n", "is empty"),
+    ("caf\u00e9\n".encode("latin-1"), "is not UTF-8 text: byte 0xe9 at position 3"),
+])
+def test_input_texts_are_checked_first_naming_the_file(tmp_path, capsys, content, words):
+    """An empty --ppl-text is named as empty (not as a window longer than the model), a
+    Latin-1 --prompts-file as not UTF-8 with the offset, before any model loads."""
+    text = tmp_path / "t.txt"
+    text.write_bytes(content)
+    rc, out = cli(capsys, "evaluate", "--model", str(tmp_path / "m"), "--out",
+                  str(tmp_path / "r.json"), "--ppl-text", str(text))
+    one_line_refusal(rc, out, f"--ppl-text text file '{text}'", words)
+    rc, out = cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompts-file", str(text))
+    one_line_refusal(rc, out, f"--prompts-file text file '{text}'", words)
+
+
+def test_an_unwritable_generate_json_is_named_before_generating(tmp_path, capsys):
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        rc, out = cli(capsys, "generate", "--model", str(tmp_path / "m"), "hi",
+                      "--json", str(locked / "out.json"))
+    finally:
+        locked.chmod(0o700)
+    if rc == 2 and "--json" in out:
+        one_line_refusal(rc, out, "--json")
+        assert ".tmp" not in out
+    else:  # running as a user the mode does not stop (root): nothing to check here
+        pytest.skip("directory permissions do not apply to this user")
+
+
+def test_a_match_ratio_out_of_reach_is_named_as_match_ratio(tmp_path, capsys, tiny_checkpoint,
+                                                             text_file):
+    rc, out = cli(capsys, "compress", "--method", "shortgpt", "--model", str(tiny_checkpoint),
+                  "--calibration", str(text_file), "--n-calibration", "2", "--seq-len", "16",
+                  "--ratio", "0.3", "--option", "match_ratio=0.999",
+                  "--out", str(tmp_path / "o"))
+    one_line_refusal(rc, out, "match_ratio 0.999 is out of reach")

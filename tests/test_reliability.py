@@ -211,8 +211,9 @@ def test_edited_manifest_structure_is_refused(tiny_tokenizer, tmp_path):
     (out / "manifest.json").write_text(json.dumps(edited))
     with pytest.raises(CheckpointError, match="base_map"):
         load_compressed(out)
-    # edited consistently in manifest and config.json (and the recorded sha updated): the
-    # weights' sharing still gives it away
+    # edited consistently in manifest (structure and info) and config.json (and the
+    # recorded sha updated): the weights' sharing still gives it away
+    edited["info"]["base_map"] = edited["structure"]["base_map"]
     cfg = json.loads((out / "config.json").read_text())
     cfg["flexigpt_compression"]["structure"] = edited["structure"]
     (out / "config.json").write_text(json.dumps(cfg))
@@ -289,7 +290,7 @@ def test_divergence_is_one_line(tiny_checkpoint, text_file, tmp_path, capsys, mo
 
     monkeypatch.setattr(training, "train_model", diverge)
     assert cli_main(["train", "--model", str(tiny_checkpoint), "--out", str(tmp_path / "t"),
-                     "--tokens", "64", "--text", str(text_file)]) == 2
+                     "--tokens", "64", "--text", str(text_file), "--recipe", "full"]) == 2
     _one_error_line(capsys.readouterr().err, "TrainingDivergedError", "step 3")
 
 

@@ -50,10 +50,46 @@ def check_flags(args: argparse.Namespace) -> None:
         check_count(args.rank, "--rank")
 
 
+def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
+    """Bytes of memory the system can give a new process (``MemAvailable``); None where
+    the kernel does not say."""
+    from pathlib import Path
+
+    try:
+        for line in Path(meminfo).read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits(model: str, layers: int, rank: int | None, dtype: str,
+               available: int | None = None) -> None:
+    """``ValueError`` with the estimate when the extended model alone would not fit in the
+    memory available, before anything is built (counted on a meta-device skeleton of a
+    local checkpoint; a hub id is left to the job)."""
+    from flexigpt.methods.extend import extension_parameters
+    from flexigpt.model_skeletons import checkpoint_skeleton
+    from flexigpt.models.loading import parse_dtype
+
+    skeleton = checkpoint_skeleton(model)
+    available = available_memory() if available is None else available
+    if skeleton is None or available is None:
+        return
+    params = extension_parameters(skeleton, layers, rank)
+    need = params * parse_dtype(dtype).itemsize
+    if need > available:
+        raise ValueError(f"--layers {layers} makes a model of ~{params / 1e9:.2f} B parameters, "
+                         f"~{need / 2**30:.1f} GiB in {dtype} for the weights alone; "
+                         f"{available / 2**30:.1f} GiB of memory is available: lower --layers")
+
+
 def run(args: argparse.Namespace) -> int:
     from flexigpt.api import compress
 
     check_flags(args)
+    check_fits(args.model, args.layers, args.rank, args.dtype)
     options: dict[str, object] = {"layers": args.layers, "pattern": args.pattern,
                                   "gamma_init": args.gamma_init}
     if args.span is not None:

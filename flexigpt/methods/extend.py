@@ -28,9 +28,11 @@ from flexigpt.methods.lora import lora_rank_problem
 from flexigpt.methods.sharing import adapter_trainable
 from flexigpt.methods.surgery import (
     OUTPUT_NORM_EPS,
+    adapter_numel,
     default_rank,
     init_standard_,
     matrix_ranks,
+    prenorm_numel,
     repeat_shell,
     share_block,
     sharing_summary,
@@ -148,6 +150,20 @@ def apply_layout(model: nn.Module, layout: list[int], ranks: dict[str, int],
         raise ValueError(f"layout {layout} drops blocks {sorted(set(range(len(blocks))) - seen)}")
     adapter.set_layers(model, new_blocks)
     return repeats
+
+
+def extension_parameters(model: nn.Module, layers: int, rank: int | None = None) -> int:
+    """Parameters of ``model`` (real or meta skeleton) extended to ``layers`` blocks before
+    anything is built: the dense count plus, per repeat, its LoRA adapters and the output
+    norm's γ's (2·d) and its own pre-norms (a repeat shares only the linears)."""
+    adapter = get_adapter(model)
+    blocks = list(adapter.layers(model))
+    config: Any = model.config  # an HF config: its fields vary by family
+    ranks = matrix_ranks(adapter, blocks[0], rank or default_rank(config.hidden_size))
+    per_repeat = (adapter_numel(adapter, blocks[0], ranks) + 2 * config.hidden_size
+                  + prenorm_numel(adapter, blocks[0]))
+    dense = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return dense + max(layers - len(blocks), 0) * per_repeat
 
 
 def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,
