@@ -201,7 +201,7 @@ def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
         return None
     match = getattr(cfg, "match_ratio", None)
     matched = cfg.policy == "matched" and match is not None
-    target = match if matched else cfg.ratio
+    target = float(match if matched else cfg.ratio)
     what = what or ("match_ratio" if matched else "ratio")  # the option the target came from
     n_blocks, achieved = (curve(model, cfg) if curve is not None
                           else achieved_curve(str(removal), model, cfg))
