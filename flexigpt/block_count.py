@@ -199,7 +199,7 @@ def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
     curve = get_method(method).ratio_curve
     if removal is None and curve is None:
         return None
-    match = getattr(cfg, "match_ratio", None)
+    match: Any = getattr(cfg, "match_ratio", None)
     matched = cfg.policy == "matched" and match is not None
     target = float(match if matched else cfg.ratio)
     what = what or ("match_ratio" if matched else "ratio")  # the option the target came from
