@@ -92,9 +92,13 @@ def method_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """Every count-like flag is a positive integer (``ValueError`` naming the flag)."""
+    """Every count-like flag is a positive integer and ``--ratio`` lies in (0, 1)
+    (``ValueError`` naming the flag)."""
     from flexigpt.api import check_count
+    from flexigpt.registry import validate_ratio
 
+    if args.ratio is not None:
+        validate_ratio(args.ratio, "--ratio")
     check_count(args.n_calibration, "--n-calibration")
     check_count(args.seq_len, "--seq-len")
     check_count(args.seed, "--seed", minimum=0)

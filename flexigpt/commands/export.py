@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from flexigpt.export.card import write_model_card
     from flexigpt.export.plain import NotExportable, export_plain
 
+    if args.atol < 0:
+        raise ValueError(f"--atol must be >= 0, got {args.atol!r}")
     if args.card:
         if args.result:  # parsed and checked as `flexigpt tables` would, before any write
             from flexigpt.tables.collect import parse_result

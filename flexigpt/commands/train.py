@@ -6,6 +6,12 @@ Multi-GPU: ``accelerate launch -m flexigpt.cli train ...`` (same flags).
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flexigpt.training import TrainConfig
 
 HELP = "recovery-train a saved model (FlexiGPT adapters, LoRA, or full) and save it"
 
@@ -97,11 +103,11 @@ def check_something_to_train(model: str, cfg: object) -> None:
                          "or last_blocks")
 
 
-def run(args: argparse.Namespace) -> int:
-    from flexigpt.training import TrainConfig, train_model
+def make_config(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`~flexigpt.training.TrainConfig` of the flags (which validates them)."""
+    from flexigpt.training import TrainConfig
 
-    check_flags(args)
-    cfg = TrainConfig(
+    return TrainConfig(
         tokens=args.tokens, seq_len=args.seq_len, micro_batch=args.micro_batch,
         global_batch=args.global_batch, lr=args.lr, gamma_lr=args.gamma_lr,
         warmup=int(args.warmup) if args.warmup >= 1 else args.warmup,
@@ -116,6 +122,28 @@ def run(args: argparse.Namespace) -> int:
         lora_targets=tuple(args.lora_targets.split(",")) if args.lora_targets else None,
         lora_other_blocks=args.lora_other_blocks, lora_budget=args.lora_budget,
         loss=args.loss, kd_temperature=args.kd_temperature, device=args.device)
+
+
+@contextlib.contextmanager
+def flags_named(args: argparse.Namespace) -> Iterator[None]:
+    """Re-raise a config ``ValueError`` that starts with a field name (``lr must be ...``)
+    with the flag the user wrote (``--lr must be ...``)."""
+    try:
+        yield
+    except ValueError as err:
+        text = str(err)
+        field = text.split(" ", 1)[0]
+        if field and hasattr(args, field) and field.isidentifier():
+            raise ValueError("--" + field.replace("_", "-") + text[len(field):]) from None
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from flexigpt.training import train_model
+
+    check_flags(args)
+    with flags_named(args):
+        cfg = make_config(args)
     check_something_to_train(args.model, cfg)
     manifest = train_model(args.model, args.out, cfg, text=args.text,
                            validation=args.validation or None, teacher=args.teacher)
