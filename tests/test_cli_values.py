@@ -268,3 +268,20 @@ def test_a_match_ratio_out_of_reach_is_named_as_match_ratio(tmp_path, capsys, ti
                   "--ratio", "0.3", "--option", "match_ratio=0.999",
                   "--out", str(tmp_path / "o"))
     one_line_refusal(rc, out, "match_ratio 0.999 is out of reach")
+
+
+def test_a_sharded_index_without_its_shards_beside_a_bin_is_named(tmp_path, tiny_checkpoint):
+    """Not FileNotFoundError …safetensors: the index names missing shards, and the pickled
+    weights beside it are not loaded."""
+    from flexigpt.models.loading import ModelLoadError, refuse_pickled_weights
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text((tiny_checkpoint / "config.json").read_text())
+    (model / "pytorch_model.bin").write_bytes(b"not loaded")
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(ModelLoadError, match=r"names safetensors shards that are not there "
+                                             r"\(\['model-00001-of-00002.safetensors'\]\); "
+                                             r"its pickled weights \['pytorch_model.bin'\]"):
+        refuse_pickled_weights(model)

@@ -102,14 +102,36 @@ def refuse_pickled_weights(directory: str | os.PathLike) -> None:
     safetensors only (unpickling can run code), and transformers is told so too."""
     directory = Path(directory)
     names = sorted(p.name for p in directory.iterdir() if p.is_file())
+    pickled = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
+    for index in (n for n in names if n.endswith(".safetensors.index.json")):
+        missing = sorted(set(_index_shards(directory / index)) - set(names))
+        if missing:
+            raise ModelLoadError(
+                f"model directory {str(directory)!r}: {index} names safetensors shards that are "
+                f"not there ({missing[:3]})" + (f"; its pickled weights {pickled} are not "
+                                                "loaded (unpickling can run code)"
+                                                if pickled else ""))
     if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
         return
-    pickled = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
     if pickled:
         raise ModelLoadError(
             f"model directory {str(directory)!r} holds pickled weights {pickled} and no "
             "safetensors; flexigpt-bench loads safetensors only (unpickling can run code) — "
             "convert the weights to safetensors first")
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard files a sharded-safetensors index names (``weight_map`` values); a
+    :class:`ModelLoadError` naming the index when it is not such a JSON object."""
+    import json
+
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+        shards = list(dict(data["weight_map"]).values())
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelLoadError(f"{str(index)!r} is not a safetensors index "
+                             f"({type(err).__name__}: {err})") from None
+    return [str(s) for s in dict.fromkeys(shards)]
 
 
 def _refuse_flexigpt_without_manifest(directory: Path) -> None:
