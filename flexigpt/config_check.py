@@ -10,7 +10,8 @@ on an empty skeleton of the model — its checkpoint's config.json, or for a res
 not built yet the config its builder writes (:func:`resource_skeleton`; a hub model is
 checked by its compress job); refuses ratios that name the same run directory or one the
 DAG cannot name (:func:`check_ratios`); and refuses a local-looking ``model.path`` that does
-not exist and no resource rule builds. Every problem is reported in one :class:`ConfigError`
+not exist and no resource rule builds, or an input inside a folder the DAG writes
+(:mod:`flexigpt.config_paths`). Every problem is reported in one :class:`ConfigError`
 naming the run, the config key path and the problem.
 
 The checks sit below the run grid (:mod:`flexigpt.dag`), which calls :func:`check_grid` once
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flexigpt.compression_basis import total_target
+from flexigpt.config_paths import check_inputs_apart, check_model_paths
 from flexigpt.model_skeletons import checkpoint_skeleton, resource_skeleton
 
 MAX_LISTED = 10
@@ -38,12 +40,6 @@ MAX_LISTED = 10
 #: DAG's ``setting`` wildcard accepts
 RATIO_SETTING = "r{:g}"
 SETTING_PATTERN = re.compile(r"r0\.[0-9]+")
-#: offline resource builders → the checkpoint folder they produce (``model.resource``)
-RESOURCE_MODELS = {"smollm2": "resources/models/smollm2-135m",
-                   "gemma3-270m": "resources/models/gemma3-270m",
-                   "tiny-llama": "resources/models/tiny-llama",
-                   "tiny-opt": "resources/models/tiny-opt",
-                   "tiny-gemma3": "resources/models/tiny-gemma3"}
 
 
 class ConfigError(ValueError):
@@ -269,67 +265,6 @@ def _training_where(grid: GridView, run: RunView, trial: str,
     if key in run.training or (key == "recipe" and run.recipe is not None):
         return _where(sources, key)  # a method/variant block's override
     return "training"
-
-
-def check_model_paths(grid: GridView) -> list[tuple[str, str]]:
-    """A local-looking model path that does not exist and no resource rule builds."""
-    from flexigpt.models.loading import looks_local
-
-    out = []
-    for key, path in grid.model_paths.items():
-        if grid.model_resources.get(key) is None and looks_local(path) and not Path(path).exists():
-            builders = ", ".join(f"{name} → {where}" for name, where in RESOURCE_MODELS.items())
-            out.append(("model.path" if key == next(iter(grid.model_paths))
-                        else "extension.model_path",
-                        f"model {key!r}: {path!r} looks like a local path but does not exist "
-                        f"(relative to {Path.cwd()}); build it with a resource rule (set "
-                        f"model.resource; {builders}), fetch it (`flexigpt fetch "
-                        f"{'|'.join(RESOURCE_MODELS)}`), or give a hub id (org/name)"))
-    return out
-
-
-#: folders (relative to the workflow root) that the DAG's rules write into or replace
-DAG_OUTPUT_ROOTS = ("results", "logs", "benchmarks", ".snakemake")
-#: config keys naming a rule's input paths
-INPUT_KEYS = (("model", "path"), ("data", "train_text"), ("data", "calibration_text"),
-              ("data", "validation_text"), ("data", "benchmarks"))
-
-
-def check_inputs_apart(config: dict[str, Any],
-                       root: str | os.PathLike = ".") -> list[tuple[str, str]]:
-    """``[(key path, problem)]``: a config input (the model, the texts, the task data) that
-    lies in, is or contains a folder the DAG writes (:data:`DAG_OUTPUT_ROOTS` under
-    ``root``, resolved through symlinks), where a rule could replace it."""
-    from flexigpt.fileio import InputOverlapError, check_apart
-
-    problems = []
-    for section, key in INPUT_KEYS:
-        path = (config.get(section) or {}).get(key)
-        if not isinstance(path, str):
-            continue
-        for folder in DAG_OUTPUT_ROOTS:
-            try:
-                check_apart(Path(root) / folder, {f"{section}.{key}": path},
-                            out_flag="the DAG's output folder")
-            except InputOverlapError as err:
-                problems.append((f"{section}.{key}", str(err)))
-                break
-    return problems
-
-
-def check_model_resource(model: dict[str, Any]) -> None:
-    """A resource model (``model.resource``) must live where its builder writes it.
-
-    Raises:
-        ValueError: ``model.path must be '<dir>' for resource '<name>', got '<path>'``.
-    """
-    resource = model.get("resource")
-    if resource is None:
-        return
-    expected = RESOURCE_MODELS[resource]
-    if Path(model["path"]) != Path(expected):
-        raise ValueError(f"model.path must be {expected!r} for resource {resource!r}, "
-                         f"got {model['path']!r}")
 
 
 def check_ratios(config: dict[str, Any]) -> list[tuple[str, str]]:

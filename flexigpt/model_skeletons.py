@@ -46,7 +46,7 @@ class _Vocabulary:
 @lru_cache(maxsize=4)
 def resource_skeleton(resource: str | None) -> Any:
     """An empty (meta-device) model of the shape resource builder ``resource`` writes
-    (:data:`flexigpt.config_check.RESOURCE_MODELS`), for checks before the resource is built; None for
+    (:data:`flexigpt.config_paths.RESOURCE_MODELS`), for checks before the resource is built; None for
     an unknown name. Tiny models: ``make_model`` with the default ``TinyModelConfig``;
     ``smollm2``: the architecture its converter checks (``smollm2.EXPECTED``, tied
     embeddings); ``gemma3-270m``: a ``Gemma3ForCausalLM`` of ``gemma3.EXPECTED`` and

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flexigpt.compression_basis import check_basis
-from flexigpt.config_check import check_model_resource
+from flexigpt.config_paths import check_model_resource
 from flexigpt.dag.derived import budget_runs, replicate_runs, table1_ratios
 from flexigpt.dag.runs import Key, Run
 from flexigpt.devices import check_device

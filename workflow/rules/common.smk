@@ -1,11 +1,12 @@
 # Config validation, the run grid and input functions. Everything below is a pure function of
 # the (validated) config; heavy logic lives in the flexigpt package.
+import sys
 from pathlib import Path
 
 from snakemake.utils import validate
 
 from flexigpt.code_deps import rule_code_version
-from flexigpt.config_check import check_ratios, raise_problems
+from flexigpt.config_check import ConfigError, check_ratios, raise_problems
 from flexigpt.config_schema import check_schema
 from flexigpt.dag import RunGrid
 from flexigpt.resource_check import check_resources
@@ -15,14 +16,18 @@ from flexigpt.workflow_support import PROMPT_TEXT, checkout_on_pythonpath
 # jobs import the harness from this checkout (under --use-conda their environment holds only
 # its dependencies: workflow/envs/flexigpt.yaml)
 checkout_on_pythonpath(workflow.basedir)
-# one line naming the file and the key (Snakemake's validate would print the whole schema)
-check_schema(config, workflow.config_settings.configfiles)
-validate(config, schema="../schemas/config.schema.yaml")  # also fills the schema's defaults
-# ratios that would merge into one run directory, or name one the DAG cannot match, first
-raise_problems(((item, "") for item in check_ratios(config)))
-# builds every run's method config and TrainConfigs, checks sizes, ratio reach and model
-# paths: a bad option is a short error here, before any job (flexigpt.config_check)
-GRID = RunGrid.from_config(config)
+try:
+    # one line naming the file and the key (Snakemake's validate would print the schema)
+    check_schema(config, workflow.config_settings.configfiles)
+    validate(config, schema="../schemas/config.schema.yaml")  # also fills the defaults
+    # ratios that would merge into one run directory, or name one the DAG cannot match
+    raise_problems(((item, "") for item in check_ratios(config)))
+    # builds every run's method config and TrainConfigs, checks sizes, ratio reach and
+    # model paths: a bad option is a short error here, before any job (flexigpt.config_check)
+    GRID = RunGrid.from_config(config)
+except ConfigError as err:  # its lines alone: no engine stack frames around them
+    print(f"flexigpt: {err}", file=sys.stderr)
+    sys.exit(1)
 if workflow.is_main_process:  # the resources already built are what their builds recorded
     check_resources(config, GRID)
 
