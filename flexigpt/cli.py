@@ -93,12 +93,20 @@ def check_finite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
                              f"got {value!r}")
 
 
+def _weights_bytes(model: str | None) -> int:
+    """Bytes of the safetensors weights in a local model directory (0: none, or a hub id):
+    the size a model output written from it is estimated at."""
+    if not model or not Path(model).is_dir():
+        return 0
+    return sum(p.stat().st_size for p in Path(model).glob("*.safetensors") if p.is_file())
+
+
 def _preflight(args: argparse.Namespace) -> None:
     """Checks that need no heavy work: the output directory (not foreign, writable), the
     input text files, the training window length."""
     from flexigpt.fileio import check_apart, check_output
     from flexigpt.input_files import check_text
-    from flexigpt.preflight import check_writable
+    from flexigpt.preflight import check_free_space, check_writable
 
     out = _output_flag(args)
     written = [(out, "--out")] if out else []
@@ -111,6 +119,10 @@ def _preflight(args: argparse.Namespace) -> None:
         check_output(out, OUTPUT_KIND[args.command], args.force)
     if out:
         check_writable(out, "--out", directory=args.command != "evaluate")
+    if args.command in OUTPUT_KIND and out:
+        weights = _weights_bytes(getattr(args, "model", None) or getattr(args, "model_dir", None))
+        if weights:
+            check_free_space(out, weights, "the input model's weights")
     if args.command == "generate" and getattr(args, "json", None):
         check_writable(args.json, "--json", directory=False)
     for name in INPUT_TEXTS.get(args.command, ()):

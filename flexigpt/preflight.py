@@ -69,6 +69,21 @@ def check_writable(out: str | os.PathLike, flag: str = "--out",
                 f"({err.strerror or err})")
 
 
+def check_free_space(out: str | os.PathLike, need: int, what: str,
+                     flag: str = "--out") -> None:
+    """Raise :class:`OutputNotWritableError` naming ``flag`` and ``out`` when the file system
+    ``out`` is written on has less than ``need`` bytes free (``what``: where the estimate
+    comes from), so a full disk is found before the compute, not at write time."""
+    import shutil
+
+    home = _nearest_existing(Path(out).parent)
+    free = shutil.disk_usage(home if home.is_dir() else home.parent).free
+    if need > free:
+        raise OutputNotWritableError(
+            f"{flag} {str(out)!r}: {free / 2**30:.2f} GiB free on its file system, the output "
+            f"needs about {need / 2**30:.2f} GiB ({what}); free space or choose another {flag}")
+
+
 def _io_reason(err: BaseException) -> str | None:
     """The I/O problem behind ``err`` if it is a failed write (else None): an ``OSError``'s
     strerror, or the ``I/O error: ...`` part of a safetensors serialisation error."""

@@ -285,3 +285,20 @@ def test_a_sharded_index_without_its_shards_beside_a_bin_is_named(tmp_path, tiny
                                              r"\(\['model-00001-of-00002.safetensors'\]\); "
                                              r"its pickled weights \['pytorch_model.bin'\]"):
         refuse_pickled_weights(model)
+
+
+def test_a_full_disk_is_found_before_the_compute(tmp_path, capsys, tiny_checkpoint,
+                                                  text_file, monkeypatch):
+    """Free space below the input's weights: refused in one line naming --out, before the
+    model loads (a full disk used to be found at write time, after compressing)."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9, 1000))
+    out = tmp_path / "o"
+    rc, text = cli(capsys, "compress", "--method", "shortgpt", "--model", str(tiny_checkpoint),
+                   "--ratio", "0.3", "--calibration", str(text_file), "--out", str(out))
+    one_line_refusal(rc, text, f"--out '{out}'", "GiB free on its file system",
+                     "the input model's weights")
+    assert not out.exists()
