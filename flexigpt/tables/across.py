@@ -143,11 +143,39 @@ def _row_key(row: pd.Series) -> tuple[str, str, str]:
     return str(row["Claim"]), setting, budget
 
 
+def _matched_rows(runs: Sequence[tuple[str, pd.DataFrame]]) -> tuple[
+        list[tuple[str, dict[tuple[str, str, str], pd.Series]]], list[tuple[str, str, str]]]:
+    """Each model's verdict rows keyed by :func:`_row_key`, and the union of keys in
+    first-seen order. A row without recovery tokens (a run missing on that model: its
+    budget reads "–") joins the one row of the same claim and setting another model has,
+    rather than standing as a row of its own."""
+    keys: list[tuple[str, str, str]] = []
+    keyed: list[tuple[str, dict[tuple[str, str, str], pd.Series]]] = []
+    for model, rows in runs:
+        mine: dict[tuple[str, str, str], pd.Series] = {}
+        for _, row in rows.iterrows():
+            key = _row_key(row)
+            if key not in keys:
+                same = [k for k in keys if k[:2] == key[:2] and k not in mine]
+                if len(same) == 1 and (_no_tokens(row) or any(
+                        _no_tokens(r[same[0]]) for _, r in keyed if same[0] in r)):
+                    key = same[0]
+                else:
+                    keys.append(key)
+            mine[key] = row
+        keyed.append((model, mine))
+    return keyed, keys
+
+
+def _no_tokens(row: pd.Series) -> bool:
+    tokens = row["tokens"]
+    return not (isinstance(tokens, (int, float)) and math.isfinite(tokens))
+
+
 def verdicts_across(runs: Sequence[tuple[str, pd.DataFrame]]) -> Table:
     """``verdicts_across_models`` from ``[(model, its verdicts.csv rows), ...]``: the union
     of claim rows in first-seen order, each model's Δ and verdict, and :func:`summary`."""
-    keyed = [(model, {_row_key(r): r for _, r in rows.iterrows()}) for model, rows in runs]
-    keys = list(dict.fromkeys(k for _, rows in keyed for k in rows))
+    keyed, keys = _matched_rows(runs)
     table_rows, csv_rows = [], []
     for key in keys:
         shown: dict[str, object] = {"Claim": key[0], "Setting": key[1] or "–",
@@ -275,12 +303,13 @@ def _agreement(decisions: Sequence[str]) -> str:
     absent = len(decisions) - len(run)
     if not run:
         return UNTESTED
+    suffix = f"; not run on {_count(absent, len(decisions))}" if absent else ""
     if set(run) == {"skip"}:
-        return "– (skip)"
+        return "– (skip)" + suffix
     distinct = list(dict.fromkeys(run))
     text = (f"{distinct[0]} on {_count(len(run), len(decisions))}" if len(distinct) == 1
             else "differs: " + ", ".join(distinct))
-    return text + (f"; not run on {_count(absent, len(decisions))}" if absent else "")
+    return text + suffix
 
 
 def across_models(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
