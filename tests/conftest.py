@@ -301,9 +301,11 @@ class Named(dict):
 
 
 def run_script(name: str, tmp_path: Path, monkeypatch, *, params: dict, inputs: dict,
-               outputs: dict, resources: dict | None = None) -> None:
+               outputs: dict, resources: dict | None = None,
+               config: dict | None = None) -> None:
     """``workflow/scripts/<name>.py`` with a Snakemake-like ``snakemake`` global; an input may
-    be one path or a list of paths (a rule's ``expand``)."""
+    be one path or a list of paths (a rule's ``expand``); ``config``: the workflow's config
+    (default: empty)."""
     import flexigpt.workflow_support
 
     monkeypatch.setattr(flexigpt.workflow_support, "script_logging",  # keep pytest's stderr and logging
@@ -312,6 +314,6 @@ def run_script(name: str, tmp_path: Path, monkeypatch, *, params: dict, inputs: 
                 input=Named({k: [str(p) for p in v] if isinstance(v, (list, tuple)) else str(v)
                              for k, v in inputs.items()}),
                 output=Named({k: str(v) for k, v in outputs.items()}),
-                resources=Named(resources or {}))
+                resources=Named(resources or {}), config=dict(config or {}))
     runpy.run_path(str(ROOT / "workflow" / "scripts" / f"{name}.py"),
                    init_globals={"snakemake": job})
