@@ -188,6 +188,12 @@ def achieved_curve(removal: str, model: Any, cfg: Any) -> tuple[int, Callable[[i
     return len(blocks), lambda k: k * per_block / dense
 
 
+def counts_blocks(method: str) -> bool:
+    """Whether registered ``method``'s ratio becomes a number of removed blocks: by the
+    registry's ``MethodFacts.block_count`` or the method's own ``Method.ratio_curve``."""
+    return METHODS[method].block_count is not None or get_method(method).ratio_curve is not None
+
+
 def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
                 what: str | None = None) -> Plan | None:
     """:func:`plan` of registered ``method`` with config ``cfg`` on ``model``; None for a
@@ -195,10 +201,9 @@ def method_plan(method: str, model: Any, cfg: Any, accept_miss: bool = False,
     method's own ``Method.ratio_curve``, e.g. LLM-Streamline's span minus its module). The target
     is ``cfg.match_ratio`` under ``matched`` when set (a like-for-like baseline), else
     ``cfg.ratio``. Raises as :func:`plan`."""
-    removal = METHODS[method].block_count
-    curve = get_method(method).ratio_curve
-    if removal is None and curve is None:
+    if not counts_blocks(method):
         return None
+    removal, curve = METHODS[method].block_count, get_method(method).ratio_curve
     match: Any = getattr(cfg, "match_ratio", None)
     matched = cfg.policy == "matched" and match is not None
     target = float(match if matched else cfg.ratio)

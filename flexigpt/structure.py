@@ -28,7 +28,8 @@ def check_described(structure: dict[str, Any], info: dict[str, Any]) -> None:
                              f"{structure[key]!r}: was manifest.json edited?")
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool (JSON ``true`` is no count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -44,7 +45,7 @@ def block_indices(structure: dict[str, Any], key: str, n_blocks: int) -> list[in
     """``structure[key]``: distinct block positions in [0, ``n_blocks``), at least one and
     not all of them."""
     value = structure.get(key)
-    if (not isinstance(value, list) or not value or not all(_is_int(v) for v in value)
+    if (not isinstance(value, list) or not value or not all(is_int(v) for v in value)
             or len(set(value)) != len(value) or min(value) < 0 or max(value) >= n_blocks
             or len(value) >= n_blocks):
         raise ValueError(f"structure.{key} must list distinct block positions in "
@@ -55,7 +56,7 @@ def block_indices(structure: dict[str, Any], key: str, n_blocks: int) -> list[in
 def block_span(structure: dict[str, Any], key: str, n_blocks: int) -> tuple[int, int]:
     """``structure[key]`` = ``[start, end]``: a span of blocks, 0 <= start < end <= ``n_blocks``."""
     value = structure.get(key)
-    if (not isinstance(value, list) or len(value) != 2 or not all(_is_int(v) for v in value)
+    if (not isinstance(value, list) or len(value) != 2 or not all(is_int(v) for v in value)
             or not 0 <= value[0] < value[1] <= n_blocks):
         raise ValueError(f"structure.{key} must be [start, end] with 0 <= start < end <= "
                          f"{n_blocks}, got {value!r}")

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from flexigpt.block_count import counts_blocks
 from flexigpt.cli import main as cli_main
 from flexigpt.registry import METHODS, get_method
 
@@ -161,8 +162,7 @@ def test_one_ratio_rule_for_every_method(tmp_path, capsys, tiny_checkpoint, text
     one_line_refusal(rc, text, "0.99")
     assert not (tmp_path / "refused").exists()
     rc, text = cli(capsys, *common, "--accept-ratio-miss", "--out", str(tmp_path / "kept"))
-    blocks = METHODS[method].block_count is not None or get_method(method).ratio_curve
-    if not blocks:
+    if not counts_blocks(method):
         one_line_refusal(rc, text, "0.99", "reachable")
         return
     if rc == 2:  # the method's own structural limit (ReplaceMe keeps block 0 and one more)

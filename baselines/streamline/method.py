@@ -27,7 +27,7 @@ from flexigpt.artifacts import empty_model
 from flexigpt.block_count import block_count, uniform_block_size, unique_param_count
 from flexigpt.methods.lora import lora_recovery
 from flexigpt.models.adapters import get_adapter
-from flexigpt.params import compression_ratio, count_parameters
+from flexigpt.params import compression_ratio
 from flexigpt.registry import CompressionResult, Method
 from flexigpt.structure import block_span, check_block_count, dense_block_count
 
@@ -39,6 +39,21 @@ def module_parameters(cfg: StreamlineConfig, hidden: int, per_block: int) -> int
     return per_block if cfg.module == "block" else StreamlineFFN.parameter_count(hidden)
 
 
+def _counts(model: nn.Module, cfg: StreamlineConfig) -> tuple[int, int, int, int]:
+    """``(blocks, dense parameters, one block's parameters, the module's)`` of ``model``
+    (real or meta-device skeleton)."""
+    blocks = get_adapter(model).layers(model)
+    config: Any = model.config  # an HF config: its fields vary by family
+    per_block = unique_param_count(blocks[0])
+    return (len(blocks), unique_param_count(model), per_block,
+            module_parameters(cfg, config.hidden_size, per_block))
+
+
+def _achieved(dense: int, per_block: int, added: int) -> Callable[[int], float]:
+    """The ratio of replacing n blocks of ``per_block`` parameters by a module of ``added``."""
+    return lambda n: compression_ratio(dense - n * per_block + added, dense)
+
+
 def span_length(model: nn.Module, cfg: StreamlineConfig) -> tuple[int, float]:
     """The span length n (:func:`flexigpt.block_count.block_count` on the net saving: n
     blocks removed, the module added) and the ratio it achieves.
@@ -46,17 +61,12 @@ def span_length(model: nn.Module, cfg: StreamlineConfig) -> tuple[int, float]:
     Raises:
         ValueError: the blocks differ in size, or no span length saves parameters.
     """
-    blocks = get_adapter(model).layers(model)
-    config: Any = model.config  # an HF config: its fields vary by family
-    dense, per_block = count_parameters(model), uniform_block_size(model, "LLM-Streamline")
-    added = module_parameters(cfg, config.hidden_size, per_block)
-
-    def achieved(n: int) -> float:
-        return compression_ratio(dense - n * per_block + added, dense)
-
+    uniform_block_size(model, "LLM-Streamline")  # the span's position must not matter
+    n_blocks, dense, per_block, added = _counts(model, cfg)
+    achieved = _achieved(dense, per_block, added)
     target = cfg.match_ratio if cfg.match_ratio is not None else cfg.ratio
     n = block_count(cfg.policy, target if cfg.policy == "matched" else cfg.ratio,
-                    len(blocks), achieved)
+                    n_blocks, achieved)
     if achieved(n) <= 0:
         raise ValueError(f"replacing {n} blocks by a {cfg.module} module saves no parameters "
                          f"(module {added:,} vs {n} blocks of {per_block:,})")
@@ -77,12 +87,10 @@ def check_structure(structure: dict[str, Any], config: Any) -> None:
 
 def ratio_curve(model: nn.Module, cfg: StreamlineConfig) -> tuple[int, Callable[[int], float]]:
     """``(blocks, achieved(n))``: the ratio of replacing n blocks by the module (``Method
-    .ratio_curve``); counts a real model or a meta-device skeleton alike."""
-    blocks = get_adapter(model).layers(model)
-    config: Any = model.config  # an HF config: its fields vary by family
-    dense, per_block = unique_param_count(model), unique_param_count(blocks[0])
-    added = module_parameters(cfg, config.hidden_size, per_block)
-    return len(blocks), lambda n: (n * per_block - added) / dense
+    .ratio_curve``; the curve :func:`span_length` picks n on); counts a real model or a
+    meta-device skeleton alike."""
+    n_blocks, dense, per_block, added = _counts(model, cfg)
+    return n_blocks, _achieved(dense, per_block, added)
 
 
 def _module(model: nn.Module, start: int, cfg: StreamlineConfig) -> nn.Module:

@@ -189,19 +189,13 @@ DEFAULT_CONFIG = Path("config") / "config.yaml"
 
 def merged_config(files: list[str]) -> dict[str, Any]:
     """The config Snakemake builds from ``files`` in order (later keys win, mappings merged
-    key by key, as its ``update_config`` does)."""
+    key by key: its own ``update_config``)."""
     import yaml
-
-    def merge(into: dict[str, Any], new: dict[str, Any]) -> None:
-        for key, value in new.items():
-            if isinstance(value, dict) and isinstance(into.get(key), dict):
-                merge(into[key], value)
-            else:
-                into[key] = value
+    from snakemake.utils import update_config
 
     config: dict[str, Any] = {}
     for path in files:
-        merge(config, yaml.safe_load(Path(path).read_text()) or {})
+        update_config(config, yaml.safe_load(Path(path).read_text()) or {})
     return config
 
 

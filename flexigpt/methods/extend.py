@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from flexigpt.artifacts import empty_model
+from flexigpt.block_count import unique_param_count
 from flexigpt.methods.export_hooks import card_extended, draft_skip_extended, plain_extended
 from flexigpt.methods.lora import lora_rank_problem
 from flexigpt.methods.sharing import adapter_trainable
@@ -162,8 +163,7 @@ def extension_parameters(model: nn.Module, layers: int, rank: int | None = None)
     ranks = matrix_ranks(adapter, blocks[0], rank or default_rank(config.hidden_size))
     per_repeat = (adapter_numel(adapter, blocks[0], ranks) + 2 * config.hidden_size
                   + prenorm_numel(adapter, blocks[0]))
-    dense = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    return dense + max(layers - len(blocks), 0) * per_repeat
+    return unique_param_count(model) + max(layers - len(blocks), 0) * per_repeat
 
 
 def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,

@@ -44,7 +44,7 @@ from flexigpt.methods.truncated_svd import SOLVERS as SVD_SOLVERS
 from flexigpt.models.adapters import get_adapter
 from flexigpt.params import count_parameters
 from flexigpt.registry import CompressionResult, Method, RecoveryRecipe, validate_ratio
-from flexigpt.structure import block_indices
+from flexigpt.structure import block_indices, is_int
 
 log = logging.getLogger(__name__)
 
@@ -268,13 +268,12 @@ def check_structure(structure: dict[str, Any], config: Any) -> None:
         raise ValueError(f"structure.base_map must map exactly the pruned blocks {pruned} "
                          f"(as strings) to their bases, got {base_map!r}")
     for replaced, base in base_map.items():
-        if (not isinstance(base, int) or isinstance(base, bool) or not 0 <= base < n
-                or base in pruned):
+        if not is_int(base) or not 0 <= base < n or base in pruned:
             raise ValueError(f"structure.base_map[{replaced!r}] = {base!r} is not an unpruned "
                              f"block in [0, {n})")
     ranks = structure.get("ranks")
     if not isinstance(ranks, dict) or not ranks or not all(
-            isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks.values()):
+            is_int(r) and r >= 1 for r in ranks.values()):
         raise ValueError(f"structure.ranks must map linears to positive integers, got {ranks!r}")
 
 

@@ -127,18 +127,15 @@ def read_run(run_dir: str | os.PathLike) -> tuple[str, pd.DataFrame, pd.DataFram
     if len(models) != 1:
         raise ResultFileError(path, f"expected the verdicts of one model, found {models}")
     found = sorted(root.glob(REPLACEMENT))
-    replacement = _read_csv(found[0]) if len(found) == 1 else None
     if len(found) > 1:
         raise ResultFileError(root, f"several replacement tables: {[p.name for p in found]}")
-    return str(models[0]), verdicts, replacement
+    return str(models[0]), verdicts, _read_csv(found[0]) if found else None
 
 
 def _row_key(row: pd.Series) -> tuple[str, str, str]:
     """A claim row's identity across models: claim, setting and recovery tokens (the
     budget's text carries the model's tokens per parameter, which differ by model)."""
-    tokens = row["tokens"]
-    budget = (f"{int(tokens)} tokens" if isinstance(tokens, (int, float)) and math.isfinite(tokens)
-              else str(row["Budget"]))
+    budget = str(row["Budget"]) if _no_tokens(row) else f"{int(row['tokens'])} tokens"
     setting = "" if pd.isna(row["Setting"]) else str(row["Setting"])
     return str(row["Claim"]), setting, budget
 
@@ -180,7 +177,7 @@ def verdicts_across(runs: Sequence[tuple[str, pd.DataFrame]]) -> Table:
     for key in keys:
         shown: dict[str, object] = {"Claim": key[0], "Setting": key[1] or "–",
                                     "Recovery": key[2]}
-        classes, single = [], False
+        classes, single, mine = [], False, []
         for model, rows in keyed:
             row = rows.get(key)
             verdict = "not in this run" if row is None else str(row["Verdict"])
@@ -192,12 +189,11 @@ def verdicts_across(runs: Sequence[tuple[str, pd.DataFrame]]) -> Table:
             single |= seeded
             shown[f"{model}: Δ [95% CI]"] = delta
             shown[f"{model}: verdict"] = verdict + (f" {SINGLE_SEED}" if seeded else "")
-            csv_rows.append({"claim": key[0], "setting": key[1], "recovery": key[2],
-                             "model": model, "verdict": verdict, "class": classes[-1],
-                             "delta": delta, "single_seed": seeded})
+            mine.append({"claim": key[0], "setting": key[1], "recovery": key[2],
+                         "model": model, "verdict": verdict, "class": classes[-1],
+                         "delta": delta, "single_seed": seeded})
         shown["Across models"] = summary(classes, single)
-        for row in csv_rows[-len(keyed):]:
-            row["across"] = shown["Across models"]
+        csv_rows += [{**row, "across": shown["Across models"]} for row in mine]
         table_rows.append(shown)
     models = [m for m, _ in runs]
     notes = [
@@ -242,7 +238,7 @@ def replacement_across(runs: Sequence[tuple[str, pd.DataFrame]]) -> Table:
         shown: dict[str, object] = {"Strategy": strategy,
                                     "Row": row_label(method, variant, trained),
                                     "Ratio": ratio * 100}
-        decisions = []
+        decisions, mine = [], []
         for model, rows in keyed:
             row = rows.get(key)
             if row is None:
@@ -260,17 +256,14 @@ def replacement_across(runs: Sequence[tuple[str, pd.DataFrame]]) -> Table:
                 "– (skip)" if word is None
                 else f"{estimate:+.3f} [{low:+.3f}, {high:+.3f}]: {word}")
             decisions.append(word or "skip")
-            csv_rows.append({"strategy": strategy, "method": method, "variant": variant,
-                             "ratio": ratio, "trained": trained, "model": model,
-                             "ppl": float(row["ppl"]), "rank": int(row["rank"]),
-                             "rows": int(row["rows"]), "log_ppl_vs_skip_estimate": estimate,
-                             "log_ppl_vs_skip_low": low, "log_ppl_vs_skip_high": high,
-                             "vs_skip": word})
+            mine.append({"strategy": strategy, "method": method, "variant": variant,
+                         "ratio": ratio, "trained": trained, "model": model,
+                         "ppl": float(row["ppl"]), "rank": int(row["rank"]),
+                         "rows": int(row["rows"]), "log_ppl_vs_skip_estimate": estimate,
+                         "log_ppl_vs_skip_low": low, "log_ppl_vs_skip_high": high,
+                         "vs_skip": word})
         shown["Across models"] = _agreement(decisions)
-        for row in csv_rows:
-            if (row["strategy"], row["method"], row["variant"], row["ratio"],
-                    row["trained"]) == key:
-                row["across"] = shown["Across models"]
+        csv_rows += [{**row, "across": shown["Across models"]} for row in mine]
         table_rows.append(shown)
     frame = pd.DataFrame(table_rows)
     kinds = {"Ratio": "pct0", **{f"{m}: PPL": "ppl" for m in models}}

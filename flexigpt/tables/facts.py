@@ -20,10 +20,10 @@ from typing import Any
 
 import pandas as pd
 
+from flexigpt.compression_basis import BASES
 from flexigpt.registry import METHODS
 from flexigpt.tables.rows import column_or_nan
 
-BASES = ("total", "non_embedding")
 #: the agg columns :func:`with_facts` adds
 EMBEDDING, BASIS, ACHIEVED = "embedding_params", "compression_basis", "achieved_ratio_non_embedding"
 
