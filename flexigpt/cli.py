@@ -1,7 +1,9 @@
 """The ``flexigpt`` command: one subcommand per module under ``flexigpt/commands``.
 
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``; it is imported only when its subcommand runs.
+``run(args) -> int``, and may define ``check_flags(args)`` (values alone, no file: run
+before any path is checked, so a bad value is named even when an input is missing); it
+is imported only when its subcommand runs.
 
 Every user error ends the command with one line on stderr and exit code 2, Ctrl-C with one
 line and 130 (``-v`` shows the traceback); an I/O failure while writing ``--out`` (a full disk, also as safetensors'
@@ -168,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with force_outputs(bool(getattr(args, "force", False))):
             check_finite(sub.choices[args.command], args)
+            if hasattr(module, "check_flags"):  # values first: they need no file
+                module.check_flags(args)
             _preflight(args)
             return int(module.run(args) or 0)
     except USER_ERRORS as err:
