@@ -38,7 +38,8 @@ def budget_grid(**over) -> RunGrid:
 
 def ladder(grid: RunGrid, method: str) -> dict[int, object]:
     """tokens → the run recovering ``method`` at that budget (Table 1's at training.tokens)."""
-    runs = [r for r in grid.runs.values() if r.method == method and r.recovery]
+    runs = [r for r in grid.runs.values()
+            if r.method == method and r.recovery and r.label_variant is None]
     return {TrainConfig(**grid.train_params(r)).tokens: r for r in runs}
 
 
@@ -75,8 +76,11 @@ def test_budget_grid_paths_params_and_schedules():
     lora = ladder(grid, "shortgpt_lora")[131072]
     assert lora.budget == (KEY, "flexigpt", "tok131072", "r0.3")  # same point's twin
     assert lora.match == (KEY, "flexigpt", "default", "r0.3")
-    assert not (set(grid.runs) - {r.key for m in ("flexigpt", "shortgpt_lora")
-                                  for r in ladder(grid, m).values()})
+    base = {r.key for m in ("flexigpt", "shortgpt_lora", "replaceme", "streamline")
+            for r in ladder(grid, m).values()}
+    rest = {(r.method, r.variant) for r in grid.runs.values()
+            if r.key not in base and r.label_variant is None}
+    assert rest == {("replaceme", "default"), ("streamline", "default")}  # their one-shot rows
 
 
 def test_learning_rates_per_budget_point():
@@ -100,12 +104,44 @@ def test_learning_rates_per_budget_point():
                 assert reused.trials(run) == [{"lr_from": smallest.prefix}]
 
 
+def test_training_seeds_on_the_ladder():
+    """Seeds at the smallest budget come from ``replicates:`` (the Table 1 runs), at a
+    larger one from ``budget.replicates``: same budget, tokens and learning rates as the
+    base seed's point, the same seed's compressed model, links to the same seed's twins,
+    labels of the base point (so tables pool the seeds), and only the runs named."""
+    grid = budget_grid()
+    spec = load("config/budget.yaml")["budget"]["replicates"]
+    for seed in spec["seeds"]:
+        for method in ("flexigpt", "shortgpt_lora"):
+            small = grid.runs[(KEY, method, f"default_s{seed}", "r0.3")]
+            assert small.seed == seed and small.label_variant == "default"
+            for tokens in spec["tokens"]:
+                base = grid.runs[(KEY, method, f"tok{tokens}", "r0.3")]
+                twin = grid.runs[(KEY, method, f"tok{tokens}_s{seed}", "r0.3")]
+                assert (twin.seed, twin.tokens, twin.table) == (seed, tokens, "budget")
+                assert twin.label_variant == f"tok{tokens}" and twin.budget_tokens == tokens
+                assert twin.lr_from == base.lr_from  # the base seed's choice, not swept again
+                assert twin.compressed_from == small.key
+                assert twin.labels("final")["variant"] == base.labels("final")["variant"]
+        lora = grid.runs[(KEY, "shortgpt_lora", f"tok131072_s{seed}", "r0.3")]
+        assert lora.budget == (KEY, "flexigpt", f"tok131072_s{seed}", "r0.3")
+        assert lora.match == (KEY, "flexigpt", f"default_s{seed}", "r0.3")
+    seeded = {(r.method, r.variant) for r in grid.runs.values() if r.seed}
+    assert not {m for m, _ in seeded} - set(spec["runs"])  # replaceme/lora keeps one seed
+    assert ("replaceme", "lora_tok131072") in {(r.method, r.variant) for r in grid.runs.values()}
+
+
 def test_budget_config_errors():
     config = load("config/budget.yaml")
     for over, message in (({"tokens": [32768, 100000]}, "multiples"),
                           ({"runs": ["shortgpt"]}, "not a recovered Table 1"),
                           ({"ratios": [0.4]}, "not in ratios"),
-                          ({"lr": "largest"}, "budget.lr")):
+                          ({"lr": "largest"}, "budget.lr"),
+                          ({"replicates": {"seeds": [1], "tokens": [32768]}}, "replicates:"),
+                          ({"replicates": {"seeds": [1], "tokens": [65536]}}, "65536"),
+                          ({"replicates": {"seeds": [0], "tokens": [131072]}}, "base seed 0"),
+                          ({"replicates": {"seeds": [1], "tokens": [131072],
+                                           "runs": ["shortgpt"]}}, "not in budget.runs")):
         bad = copy.deepcopy(config)
         bad["budget"].update(over)
         with pytest.raises(ValueError, match=message):
@@ -134,7 +170,8 @@ def test_no_budget_choice_reads_the_test_split(tmp_path):
             train_inputs.append(line)
         elif line.startswith("output:") and rule == "evaluate":
             evaluated.append(line)
-    assert len(train_inputs) == 6 and len(evaluated) == 7
+    assert len(train_inputs) == sum(r.recovery for r in grid.runs.values()) == 20
+    assert len(evaluated) == sum(len(r.stages()) for r in grid.runs.values()) == 25
     assert all(".tune.txt" in i and ".test.txt" not in i for i in train_inputs)
     assert any("/tok1048576/r0.3/" in line for line in evaluated)
 

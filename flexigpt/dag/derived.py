@@ -26,6 +26,32 @@ def table1_ratios(where: str, section: dict[str, Any], ratios: list[float],
     return chosen
 
 
+def _seed_twins(base: dict[Key, Run], seeds: list[int], runs: dict[Key, Run],
+                what: str) -> list[Run]:
+    """For every run of ``base`` and every seed, a copy at variant ``<variant>_s<seed>``
+    with that seed and the labels of the base variant. A link (``match``, ``budget``,
+    ``compressed_from``) names the same seed's twin of its run where that twin is made here
+    or already in ``runs``; learning rates are the base run's choice (``lr_from``)."""
+    def twin(ref: Key | None, seed: int) -> Key | None:
+        if ref is None:
+            return None
+        other = (ref[0], ref[1], f"{ref[2]}_s{seed}", ref[3])
+        return other if ref in base or other in runs else ref
+
+    out: list[Run] = []
+    for seed in seeds:
+        for key, run in base.items():
+            if seed == run.seed:
+                raise ValueError(f"{what} repeats the base seed {seed}")
+            out.append(replace(
+                run, variant=f"{run.variant}_s{seed}", seed=int(seed),
+                label_variant=run.label_variant or run.variant,
+                match=twin(run.match, seed), budget=twin(run.budget, seed),
+                lr_from=(run.lr_from or key) if run.recovery else None,
+                compressed_from=twin(run.compressed_from, seed)))
+    return out
+
+
 def replicate_runs(runs: dict[Key, Run], spec: dict[str, Any]) -> list[Run]:
     """Seed replicates of Table 1 runs: ``spec = {"seeds": [1, 2], "runs": ["flexigpt",
     "shortgpt_lora", "slicegpt/rft"]}`` → for every named run at every ratio and every seed,
@@ -39,7 +65,6 @@ def replicate_runs(runs: dict[Key, Run], spec: dict[str, Any]) -> list[Run]:
         ValueError: a named run that is not a Table 1 method/variant, or a seed that equals
             the base seed of a run.
     """
-    out: list[Run] = []
     names = [(method, variant or "default") for method, _, variant in
              (name.partition("/") for name in spec.get("runs", []))]
     base = {k: r for k, r in runs.items() if r.table == "main" and (r.method, r.variant) in names}
@@ -47,22 +72,7 @@ def replicate_runs(runs: dict[Key, Run], spec: dict[str, Any]) -> list[Run]:
         if not any((r.method, r.variant) == name for r in base.values()):
             raise ValueError(f"replicates.runs names {'/'.join(name)!r}, which is not a "
                              "Table 1 method/variant of this config")
-
-    def twin(ref: Key | None, seed: int) -> Key | None:
-        if ref is None or ref not in base:
-            return ref
-        return (ref[0], ref[1], f"{ref[2]}_s{seed}", ref[3])
-
-    for seed in spec.get("seeds", []):
-        for key, run in base.items():
-            if seed == run.seed:
-                raise ValueError(f"replicates.seeds repeats the base seed {seed}")
-            out.append(replace(
-                run, variant=f"{run.variant}_s{seed}", seed=int(seed), label_variant=run.variant,
-                match=twin(run.match, seed), budget=twin(run.budget, seed),
-                lr_from=(run.lr_from or key) if run.recovery else None,
-                compressed_from=twin(run.compressed_from, seed)))
-    return out
+    return _seed_twins(base, list(spec.get("seeds", [])), runs, "replicates.seeds")
 
 
 def budget_variant(variant: str, tokens: int) -> str:
@@ -113,11 +123,12 @@ def budget_runs(runs: dict[Key, Run], spec: dict[str, Any], ratios: list[float],
     = the recipe's tuning grid on the tuning split at every point; ``smallest`` = the
     smallest point sweeps, the others reuse its choice (``lr_from``). ``budget.tasks: top``
     scores the tasks only at the largest point (perplexity at every point).
+    ``budget.replicates`` adds training seeds at chosen budgets (:func:`_budget_replicates`).
 
     Raises:
         ValueError: a name that is not a recovered Table 1 run, a ratio not in ``ratios``, a
             point that is not a whole number of optimizer steps, an unknown ``lr`` /
-            ``tasks`` choice.
+            ``tasks`` choice, a replicated budget off the ladder.
     """
     if not spec:
         return []
@@ -149,4 +160,30 @@ def budget_runs(runs: dict[Key, Run], spec: dict[str, Any], ratios: list[float],
                 table="budget", budget_tokens=tokens, budget_variant=run.variant,
                 compressed_from=run.compressed_from or key, budget=at(run.budget, tokens),
                 lr_from=lr_from, scored_tasks=not top_only or tokens == ladder[-1]))
-    return out
+    return out + _budget_replicates(out, spec.get("replicates") or {}, ladder, base_tokens, runs)
+
+
+def _budget_replicates(points: list[Run], spec: dict[str, Any], ladder: list[int],
+                       base_tokens: int, runs: dict[Key, Run]) -> list[Run]:
+    """Seed replicates of ladder points (``budget.replicates = {"seeds": [1, 2], "tokens":
+    [131072], "runs": ["flexigpt"]}``): every run of those budgets (of ``runs``, default
+    every ladder run) again with each seed, on the same seed's
+    compressed model where ``replicates:`` made one (else the base seed's), reusing the
+    base seed's learning rates. The point at ``training.tokens`` is a Table 1 run: its seeds
+    come from ``replicates:`` (ValueError here, as for a budget off the ladder)."""
+    if not spec.get("seeds"):
+        return []
+    chosen = sorted({int(t) for t in spec.get("tokens", [])})
+    wrong = [t for t in chosen if t not in ladder or t == base_tokens]
+    if not chosen or wrong:
+        raise ValueError(f"budget.replicates.tokens must name budgets of budget.tokens other "
+                         f"than training.tokens ({base_tokens}: seed it with replicates:), got "
+                         f"{wrong or chosen}")
+    names = {(m, v or "default") for m, _, v in (n.partition("/") for n in spec.get("runs", []))}
+    base = {r.key: r for r in points if r.budget_tokens in chosen
+            and (not names or (r.method, r.budget_variant) in names)}
+    missing = names - {(r.method, r.budget_variant) for r in points}
+    if missing:
+        raise ValueError(f"budget.replicates.runs names {sorted('/'.join(n) for n in missing)}, "
+                         "which are not in budget.runs")
+    return _seed_twins(base, list(spec["seeds"]), runs, "budget.replicates.seeds")
