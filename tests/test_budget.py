@@ -264,11 +264,15 @@ DIFFICULTY = 3.0 + np.random.default_rng(0).normal(0, 0.3, N_WIN)
 
 
 def write_point(root: Path, method: str, tokens: int, gap: float, correct: int | None,
-                table: str = "budget") -> Path:
+                table: str = "budget", seed: int = 0, base: str = "default") -> Path:
     """A result JSON with records: per-window log-PPL = shared difficulty + ``gap`` (0 for
-    the baseline); the first ``correct`` documents of each task right (None: no tasks)."""
+    the baseline); the first ``correct`` documents of each task right (None: no tasks).
+    ``seed`` > 0: a seed replicate (its own folder, the base point's labels); ``base``: the
+    recovered variant the ladder point belongs to."""
     data = json.loads(FIXTURE.read_text())
-    variant = "default" if table == "main" else f"tok{tokens}"
+    variant = base if table == "main" else (f"tok{tokens}" if base == "default"
+                                            else f"{base}_tok{tokens}")
+    folder = variant + (f"_s{seed}" if seed else "")
     data.update(method=method, recovery={"recipe": "lora", "loss": "lm", "tokens": tokens,
                                           "lr": 4e-3, "lr_source": "tuning sweep of 2 trial(s)"},
                 trained_tokens=tokens)
@@ -277,11 +281,11 @@ def write_point(root: Path, method: str, tokens: int, gap: float, correct: int |
     data["tasks"] = {} if correct is None else {
         t: {**data["tasks"][t], "value": correct / N_DOCS, "n_docs": N_DOCS} for t in TASKS}
     data["labels"] = {"model": "smollm2-135m", "method": method, "variant": variant,
-                      "ratio": 0.3, "stage": "final", "seed": 0, "table": table, "loss": "lm",
-                      "protocol": "matched"}
+                      "ratio": 0.3, "stage": "final", "seed": seed, "table": table,
+                      "loss": "lm", "protocol": "matched"}
     if table == "budget":
-        data["labels"].update(budget_tokens=tokens, budget_variant="default")
-    path = root / "smollm2-135m" / method / variant / "r0.3" / "eval_final.json"
+        data["labels"].update(budget_tokens=tokens, budget_variant=base)
+    path = root / "smollm2-135m" / method / folder / "r0.3" / "eval_final.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     docs = [] if correct is None else [
         {"task": t, "data_sha256": data["tasks"][t].get("data_sha256"), "metric": "acc_norm",
@@ -403,3 +407,80 @@ def test_tables_script_writes_the_ladder(tmp_path, monkeypatch):
     assert "budget_smollm2-135m_r0.3.md" in listed and "fig_budget_smollm2-135m_r0.3.png" in listed
     assert "table1_smollm2-135m.md" in listed
     assert "against the recovery budget" in (out / "report.md").read_text()  # ladder in report
+
+
+def test_seeds_widen_the_trend_and_one_seed_budgets_borrow_the_nearest_spread(tmp_path):
+    """Three seeds at 1K (Table 1) and 4K, one at 16K: the log-PPL gap is a constant shift per
+    run, so documents add no variance and every interval is the seed component alone. At
+    16K (one seed per side) it is the variance measured at 4K, the nearest budget:
+    var(FlexiGPT seeds) + var(ShortGPT + LoRA seeds); the slope's interval is wider than the
+    documents-only one of the same estimates, and a slope whose interval holds 0 is
+    reported as an undecided trend with no crossover."""
+    root = tmp_path / "r"
+    spread = {"flexigpt": 0.05, "shortgpt_lora": 0.02}
+    files = []
+    for tokens, gap, table in ((1000, 0.3, "main"), (4000, 0.2, "budget")):
+        for seed, sign in ((0, 0), (1, 1), (2, -1)):
+            for method, base_gap in (("flexigpt", gap), ("shortgpt_lora", 0.0)):
+                files.append(write_point(root, method, tokens, base_gap + sign * spread[method],
+                                         50 if method == "flexigpt" else 60, table, seed))
+    files += [write_point(root, "flexigpt", 16000, 0.1, 70),
+              write_point(root, "shortgpt_lora", 16000, 0.0, 60)]
+    out = tmp_path / "o"
+    build_budget(files, out, n_boot=2000, make_plots=False)
+    csv = pd.read_csv(out / "budget_smollm2-135m_r0.3.csv")
+    rows = csv[csv["kind"].eq("budget")].set_index("tokens")
+    assert rows.at[1000, "log_ppl_seeds"] == "3+3 (measured)"
+    assert rows.at[16000, "log_ppl_seeds"] == "1+1 (A from 4K, B from 4K)"
+    borrowed = math.sqrt(0.05 ** 2 + 0.02 ** 2)  # sample variances of {g-s, g, g+s}: s^2
+    half = (rows.at[16000, "log_ppl_high"] - rows.at[16000, "log_ppl_low"]) / 2
+    assert half == pytest.approx(1.96 * borrowed, rel=0.15)
+    seeded = csv[csv["kind"].eq("fit")].set_index("metric").loc["log_ppl"]
+    assert seeded["slope"] == pytest.approx(-0.1 / math.log10(4), rel=1e-5)
+    assert seeded["slope_high"] - seeded["slope_low"] > 0.05  # documents alone: ~0
+    md = (out / "budget_smollm2-135m_r0.3.md").read_text()
+    if seeded["slope_low"] < 0 < seeded["slope_high"]:
+        assert "undecided: the slope's interval contains 0" in md and "crossover" not in md
+
+
+def test_every_strategy_on_the_ladder_against_the_comparator(tmp_path):
+    """ReplaceMe + LoRA* and LLM-Streamline + LoRA* on the ladder beside the pair: the
+    strategies table gives each one's paired difference to ShortGPT + LoRA* per budget, its
+    trend, and whether its advantage at the smallest budget persists, vanishes or reverses
+    at the largest; a strategy never seeded borrows the spread pooled over the seeded ones."""
+    root = tmp_path / "r"
+    files = []
+    for seed, sign in ((0, 0), (1, 1), (2, -1)):
+        for method, gap in (("flexigpt", 0.3), ("shortgpt_lora", 0.0)):
+            files.append(write_point(root, method, 1000, gap + 0.03 * sign, 55, "main", seed))
+    for tokens in (4000, 16000):
+        files += [write_point(root, "flexigpt", tokens, 0.2, 55 if tokens == 16000 else None),
+                  write_point(root, "shortgpt_lora", tokens, 0.0,
+                              55 if tokens == 16000 else None)]
+    ladders = {"replaceme": (-0.5, -0.4, -0.3), "streamline": (-0.3, 0.0, 0.4)}
+    for method, gaps in ladders.items():
+        for tokens, gap in zip((1000, 4000, 16000), gaps, strict=True):
+            files.append(write_point(root, method, tokens, gap,
+                                     None if tokens == 4000 else 55,
+                                     "main" if tokens == 1000 else "budget", base="lora"))
+    out = tmp_path / "o"
+    written = {p.name for p in build_budget(files, out, n_boot=1000)}
+    assert {"budget_strategies_smollm2-135m_r0.3.md", "budget_strategies_smollm2-135m_r0.3.csv",
+            "fig_budget_strategies_smollm2-135m_r0.3.png"} <= written
+    csv = pd.read_csv(out / "budget_strategies_smollm2-135m_r0.3.csv")
+    budget = csv[csv["kind"].eq("budget")]
+    rm = budget[budget["method"].eq("replaceme")].set_index("tokens")
+    assert rm["variant"].eq("lora").all()
+    assert rm["log_ppl_diff"].tolist() == pytest.approx([-0.5, -0.4, -0.3], rel=1e-5)
+    assert rm.at[4000, "log_ppl_seeds"] == "1+1 (A from 1K pooled, B from 1K)"
+    ref = budget[budget["method"].eq("shortgpt_lora")]
+    assert ref["log_ppl_diff"].isna().all() and list(ref["tokens"]) == [1000, 4000, 16000]
+    trend = csv[csv["kind"].eq("trend") & csv["metric"].eq("log_ppl")].set_index("method")
+    assert trend.at["replaceme", "verdict"] == "persists"
+    assert trend.at["streamline", "verdict"] == "reverses"
+    assert trend.at["flexigpt", "verdict"].startswith("no advantage to keep (worse")
+    assert trend.at["streamline", "slope"] == pytest.approx(0.7 / math.log10(16), rel=1e-5)
+    md = (out / "budget_strategies_smollm2-135m_r0.3.md").read_text()
+    assert "Does the initialisation advantage survive more tokens?" in md
+    assert "| LLM-Streamline + LoRA* | Δ log-PPL | +0.5813" in md  # its Δ rises: it
+    assert "loses ground on ShortGPT + LoRA* with tokens" in md      # loses ground

@@ -38,6 +38,8 @@ Public API::
     average_diff_replicates([{task: (a, b)}, ...])  -> Replicates: estimate [B], boot [n_boot, B]
     logppl_diff_replicates([(nll_a, tok_a, nll_b, tok_b), ...])  -> Replicates (joint windows)
     paired_replicates([(runs_a, runs_b), ...], metric)  -> Replicates of records (joint docs)
+    run_values(runs, metric) / seed_variance(runs, metric)  per-run values, their seed spread
+    add_seed_component(reps, variances)    a one-seed contrast's borrowed seed spread
     verdict(ci_low, ci_high, direction, margin=0)
                                            "supported" | "contradicted" |
                                            "no practical difference" | "undecided"
@@ -92,10 +94,11 @@ from flexigpt.stats.records import (
                                       task_values,
                                       windows_values,
 )
+from flexigpt.stats.seeds import add_seed_component, run_values, seed_variance
 
 __all__ = ["LEVEL", "NO_DIFFERENCE", "N_BOOT", "VERDICTS", "Interval", "PairingError",
-           "Replicates", "TaskValues", "average_diff_interval", "average_diff_replicates",
+           "Replicates", "TaskValues", "add_seed_component", "average_diff_interval", "average_diff_replicates",
            "average_interval", "compare_runs", "diff_interval", "holm", "holm_verdicts",
            "logppl_diff_interval", "logppl_diff_replicates", "logppl_interval",
-           "mean_interval", "paired_replicates", "paired_values", "run_intervals",
-           "tail_pvalues", "task_values", "verdict", "windows_values"]
+           "mean_interval", "paired_replicates", "paired_values", "run_intervals", "run_values",
+           "seed_variance", "tail_pvalues", "task_values", "verdict", "windows_values"]

@@ -31,6 +31,7 @@ import pandas as pd
 
 from flexigpt import stats
 from flexigpt.tables import trend
+from flexigpt.tables.budget_strategies import strategies, strategies_figure, strategies_table
 from flexigpt.tables.build import aggregate
 from flexigpt.tables.collect import collect_results
 from flexigpt.tables.intervals import RecordStore
@@ -64,6 +65,12 @@ def _diff_text(mt: MetricTrend | None, tokens: float) -> str | None:
     return f"{iv.estimate:+.{d}f} [{iv.low:+.{d}f}, {iv.high:+.{d}f}]"
 
 
+def _seeds_text(mt: MetricTrend | None, tokens: float) -> str | None:
+    """``3+3 (measured)``: training seeds per side and where the seed component of the
+    interval comes from (None: not measured)."""
+    return None if mt is None else mt.seeds_text(tokens)
+
+
 def _lr_text(row: pd.Series) -> str | None:
     """The run's learning rate (+ γ's), and ``reused`` when it took another run's choice."""
     lr = optional_float(row.get("lr"))
@@ -90,6 +97,7 @@ def ladder_frame(points: list[Point], trends: dict[str, MetricTrend | None],
             "Epochs": point_epochs(p, epochs),
             f"{la} PPL": optional_float(p.a.get("ppl")),
             f"{lb} PPL": optional_float(p.b.get("ppl")),
+            "Seeds (PPL)": _seeds_text(trends.get("log_ppl"), p.tokens),
             "Δ log-PPL [95% CI]": _diff_text(trends.get("log_ppl"), p.tokens),
             f"{la} Avg": optional_float(p.a.get("avg")),
             f"{lb} Avg": optional_float(p.b.get("avg")),
@@ -109,6 +117,10 @@ def _notes(frame: pd.DataFrame) -> list[str]:
              "of one metric resampled jointly (flexigpt.stats.paired_replicates); 95% "
              "percentile intervals. Log-PPL in nats, Avg in points; – = not evaluated at "
              "that budget (e.g. tasks only at the largest).",
+             "Seeds: training runs per side (A+B). Several seeds are resampled (seeds, then "
+             "documents); a one-seed side adds the seed variance measured for the same method "
+             "at the nearest budget (flexigpt.tables.ladder.seed_components); 'documents only' "
+             "where no spread was measured: that interval is too narrow by the seed spread.",
              "Tokens / param = recovery tokens per dense parameter (the paper: 1B tokens for "
              f"LLaMA-2 7B ≈ {trend.PAPER_TOKENS_PER_PARAM:g}). LR: swept = chosen on the "
              "tuning split by the run's own sweep; reused = the choice of the ladder's "
@@ -151,7 +163,8 @@ def _csv(model: str, ratio: float, points: list[Point],
         for metric, mt in trends.items():
             iv = mt.interval(p.tokens) if mt is not None else None
             row.update({f"{metric}_diff": iv and iv.estimate, f"{metric}_low": iv and iv.low,
-                        f"{metric}_high": iv and iv.high})
+                        f"{metric}_high": iv and iv.high,
+                        f"{metric}_seeds": _seeds_text(mt, p.tokens)})
         rows.append(row)
     skip = ("tokens", "estimates", "lows", "highs", "tokens_per_param", "seeds")
     for metric, mt in trends.items():
@@ -199,18 +212,29 @@ class Ladder:
                              self.display)
 
 
-def find_ladders(results: Sequence[str | os.PathLike], *,
-                 train_logs: Sequence[str | os.PathLike] | None = None,
-                 model_names: Mapping[str, str] | None = None,
-                 n_boot: int = stats.N_BOOT) -> list[Ladder]:
-    """Every ladder of the ``results`` (evaluation JSONs), with its fitted trends;
-    ``train_logs`` locate the trained manifests whose ``epochs`` say whether a budget saw
-    its text more than once. Empty without a ladder (no result of table ``budget``)."""
+def _load(results: Sequence[str | os.PathLike]) -> tuple[pd.DataFrame, RecordStore] | None:
+    """The aggregated rows and the per-document records of ``results``; None without a
+    ladder (no result of table ``budget``)."""
     df = collect_results(list(results))
     if df.empty or not table_of(df).eq("budget").any():
         log.info("no budget ladder in the results: budget tables skipped")
+        return None
+    return aggregate(df), RecordStore(df)
+
+
+def find_ladders(results: Sequence[str | os.PathLike], *,
+                 train_logs: Sequence[str | os.PathLike] | None = None,
+                 model_names: Mapping[str, str] | None = None,
+                 n_boot: int = stats.N_BOOT,
+                 loaded: tuple[pd.DataFrame, RecordStore] | None = None) -> list[Ladder]:
+    """Every ladder of the ``results`` (evaluation JSONs), with its fitted trends;
+    ``train_logs`` locate the trained manifests whose ``epochs`` say whether a budget saw
+    its text more than once. Empty without a ladder (no result of table ``budget``).
+    ``loaded``: :func:`_load`'s output, when the caller has it."""
+    loaded = loaded or _load(results)
+    if loaded is None:
         return []
-    agg, store = aggregate(df), RecordStore(df)
+    agg, store = loaded
     epochs = read_epochs(list(train_logs or []))
     found: list[Ladder] = []
     for model in dict.fromkeys(agg["model"]):
@@ -227,12 +251,24 @@ def build_budget(results: list[str | os.PathLike], out_dir: str | os.PathLike, *
                  model_names: Mapping[str, str] | None = None,
                  formats: tuple[str, ...] = ("md", "csv"), make_plots: bool = True,
                  n_boot: int = stats.N_BOOT) -> list[Path]:
-    """Write every ladder's table (in ``formats``) and figure (:func:`find_ladders`);
-    returns the files written (none without a ladder)."""
+    """Write every ladder's table (in ``formats``) and figure (:func:`find_ladders`), and
+    where strategies other than the like-for-like pair are on it, the strategies' table
+    and figure (:mod:`flexigpt.tables.budget_strategies`); returns the files written
+    (none without a ladder)."""
+    loaded = _load(results)
+    if loaded is None:
+        return []
     written: list[Path] = []
     for ladder in find_ladders(results, train_logs=train_logs, model_names=model_names,
-                               n_boot=n_boot):
+                               n_boot=n_boot, loaded=loaded):
         written += write_table(ladder.table, out_dir, formats)
         if make_plots:
             written += ladder.figure(out_dir)
+        found = strategies(loaded[0], loaded[1], ladder.model, ladder.ratio, n_boot=n_boot)
+        if len(found) > 2:  # more than the like-for-like pair
+            written += write_table(strategies_table(ladder.model, ladder.ratio, found,
+                                                    ladder.display), out_dir, formats)
+            if make_plots:
+                written += strategies_figure(ladder.model, ladder.ratio, found, loaded[1],
+                                             out_dir, ladder.display)
     return written

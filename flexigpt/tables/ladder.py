@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from flexigpt import stats
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.labels import slug
+from flexigpt.tables.render import si
 from flexigpt.tables.rows import table_of
 from flexigpt.tables.trend import PAPER_TOKENS_PER_PARAM, budget_pairs
 from flexigpt.tables.trend_fit import TrendFit, fit_trend
@@ -83,15 +85,76 @@ def ladders(agg: pd.DataFrame, model: str) -> dict[float, list[Point]]:
     return out
 
 
+#: a side's measured seed spread per point: variance across seeds, None with one seed.
+Spread = tuple[float | None, float | None]
+
+
+def seed_components(tokens: Sequence[float], measured: Sequence[Spread],
+                    fallback: Mapping[float, float] | None = None,
+                    ) -> tuple[list[float], list[str]]:
+    """Per point j: the seed variance its contrast A − B lacks, and how it was obtained.
+
+    A side measured with several seeds at j is resampled by the bootstrap already (0 added).
+    A one-seed side borrows the variance of the same side at the nearest budget (in
+    log-tokens; the smaller on a tie) where it was measured; where that side never was, the
+    nearest budget of ``fallback`` (tokens → a variance pooled over other methods); else
+    nothing ("documents only"). Returns ``(variances [B], labels [B])``: a label names
+    each borrowing side (A, B) and the budget it borrows from ("A from 131K, B from 131K";
+    "pooled": from other methods), or "measured"."""
+    x = [math.log10(t) for t in tokens]
+
+    def nearest(j: int, have: list[tuple[float, float]]) -> tuple[float, float] | None:
+        return min(have, key=lambda tv: (abs(math.log10(tv[0]) - x[j]), tv[0]), default=None)
+
+    variances, labels = [], []
+    for j, _ in enumerate(tokens):
+        total, sources = 0.0, []
+        for side in (0, 1):
+            if measured[j][side] is not None:
+                continue
+            own = [(tokens[k], v) for k, m in enumerate(measured)
+                   if (v := m[side]) is not None]
+            pooled = list((fallback or {}).items())
+            found = nearest(j, own) or nearest(j, pooled)
+            name = "AB"[side]
+            if found is None:
+                sources.append(f"{name}: documents only")
+                continue
+            total += found[1]
+            sources.append(f"{name} from {si(found[0])}" + ("" if own else " pooled"))
+        variances.append(total)
+        unmeasured = all(src.endswith("documents only") for src in sources)
+        labels.append("measured" if not sources else
+                      "documents only: no seed spread measured" if unmeasured else
+                      ", ".join(sources))
+    return variances, labels
+
+
+def _seed_counts(reps: stats.Replicates, j: int) -> str:
+    return "+".join(str(s) for s in reps.seeds[j])
+
+
 @dataclass(frozen=True)
 class MetricTrend:
-    """One metric of a ladder: the points measured, their joint replicates, and the fitted
-    trend (None with fewer than two budgets)."""
+    """One metric of a ladder: the points measured, their joint replicates (with each
+    one-seed contrast's borrowed seed component, :func:`seed_components`), how each point's
+    seed component was obtained (``seed_labels``), and the fitted trend (None with fewer
+    than two budgets)."""
 
     metric: str
     points: tuple[Point, ...]
     replicates: stats.Replicates
     fit: TrendFit | None
+    seed_labels: tuple[str, ...] = ()
+
+    def seeds_text(self, tokens: float) -> str | None:
+        """``3+3 (measured)`` / ``1+1 (A from 131K, B from 131K)`` at ``tokens`` (None: not
+        measured)."""
+        for j, p in enumerate(self.points):
+            if p.tokens == tokens:
+                label = self.seed_labels[j] if self.seed_labels else "documents only"
+                return f"{_seed_counts(self.replicates, j)} ({label})"
+        return None
 
     def interval(self, tokens: float) -> stats.Interval | None:
         """The per-budget interval at ``tokens`` (None: not measured)."""
@@ -102,10 +165,13 @@ class MetricTrend:
 
 
 def metric_trend(points: list[Point], store: RecordStore, metric: str,
-                 n_boot: int = stats.N_BOOT, seed: int = 0) -> MetricTrend | None:
+                 n_boot: int = stats.N_BOOT, seed: int = 0,
+                 fallback: Mapping[float, float] | None = None) -> MetricTrend | None:
     """Jointly resampled differences of ``metric`` at every point that has it (and
-    per-document records), fitted when two or more budgets remain; None when none does or
-    the runs did not score the same documents (logged)."""
+    per-document records): seeds and documents (two-level), a one-seed side with the seed
+    spread it borrows (:func:`seed_components`; ``fallback``: tokens → variance pooled over
+    other methods), fitted when two or more budgets remain; None when none does or the runs
+    did not score the same documents (logged)."""
     used, pairs = [], []
     for p in points:
         ra, rb = (store.runs(k) for k in p.keys)
@@ -120,7 +186,15 @@ def metric_trend(points: list[Point], store: RecordStore, metric: str,
     except stats.PairingError as err:
         log.info("budget trend (%s) skipped: %s", metric, err)
         return None
-    reps = reps if metric == "log_ppl" else reps.scaled(100.0)
+    scale = 1.0 if metric == "log_ppl" else 100.0
+    reps = reps.scaled(scale) if scale != 1.0 else reps
+    task_names = None if metric == "log_ppl" else list(TASKS)
+    measured = [tuple(stats.seed_variance(runs, metric, task_names, scale) for runs in pair)
+                for pair in pairs]
+    variances, labels = seed_components([p.tokens for p in used], measured,  # type: ignore[arg-type]
+                                        fallback)
+    if any(variances):
+        reps = stats.add_seed_component(reps, variances, seed)
     fit = None
     if len({p.tokens for p in used}) >= 2:
         params = used[0].params
@@ -129,7 +203,7 @@ def metric_trend(points: list[Point], store: RecordStore, metric: str,
             unit=METRICS[metric][1], tokens_per_param=[p.tokens_per_param for p in used],
             at_tokens=PAPER_TOKENS_PER_PARAM * params if params else None,
             seeds=reps.seeds)
-    return MetricTrend(metric, tuple(used), reps, fit)
+    return MetricTrend(metric, tuple(used), reps, fit, tuple(labels))
 
 
 def read_epochs(train_logs: list[str | os.PathLike]) -> dict[str, float]:

@@ -195,8 +195,18 @@ def _tokens_text(v: float) -> str:
     return "∞" if math.isinf(v) else si(v)
 
 
+def trend_decided(fit: TrendFit) -> bool:
+    """The slope's interval excludes 0: the difference moves with tokens (which way: the
+    slope's sign). Crossover and extrapolation are reported only then."""
+    return fit.slope_low > 0 or fit.slope_high < 0
+
+
 def _fit_rows(fit: TrendFit, d: int) -> list[dict[str, str]]:
-    """The fit's rows of :func:`trend_frame`."""
+    """The fit's rows of :func:`trend_frame`: slope and intercept; then, only when the
+    slope's interval excludes 0 (:func:`trend_decided`), the crossover (none when the line
+    moves away from 0; "not supported" when fewer than ``level`` of the replicates cross)
+    and the Δ at ``at_tokens``;
+    otherwise one "trend undecided" row."""
     u = fit.unit
     rows = [{"Budget": "fit: slope b per decade", "Tokens / param": "",
              "Δ [95% CI]": f"{_fmt(fit.slope, d)} [{_fmt(fit.slope_low, d)}, "
@@ -204,6 +214,16 @@ def _fit_rows(fit: TrendFit, d: int) -> list[dict[str, str]]:
             {"Budget": "fit: intercept a (Δ at 1 token)", "Tokens / param": "",
              "Δ [95% CI]": f"{_fmt(fit.intercept, d)} [{_fmt(fit.intercept_low, d)}, "
                            f"{_fmt(fit.intercept_high, d)}] {u}"}]
+    if not trend_decided(fit):
+        rows.append({"Budget": "trend", "Tokens / param": "",
+                     "Δ [95% CI]": "undecided: the slope's interval contains 0, so no "
+                                   "crossover or extrapolation is supported"})
+        return rows
+    if not math.isinf(fit.crossover) and fit.crossover_fraction < fit.level:
+        rows.append({"Budget": "fit: crossover (Δ = 0)", "Tokens / param": "",
+                     "Δ [95% CI]": f"not supported: {100 * fit.crossover_fraction:.0f}% of "
+                                   f"replicates cross (< {100 * fit.level:.0f}%)"})
+        return rows + _at_rows(fit, d)
     where = ("none: the line moves away from 0" if math.isinf(fit.crossover) else
              f"{_tokens_text(fit.crossover)} tokens" + (
                  " (extrapolated: beyond the largest budget)" if fit.crossover_extrapolated
@@ -212,6 +232,13 @@ def _fit_rows(fit: TrendFit, d: int) -> list[dict[str, str]]:
                  "Δ [95% CI]": f"{where}; interval [{_tokens_text(fit.crossover_low)}, "
                                f"{_tokens_text(fit.crossover_high)}]; "
                                f"{100 * fit.crossover_fraction:.0f}% of replicates cross"})
+    return rows + _at_rows(fit, d)
+
+
+def _at_rows(fit: TrendFit, d: int) -> list[dict[str, str]]:
+    """The fitted Δ at ``at_tokens`` (none when not asked)."""
+    rows = []
+    u = fit.unit
     if (fit.at_tokens is not None and fit.at_estimate is not None and fit.at_low is not None
             and fit.at_high is not None):  # set together by fit_trend's at_tokens
         flag = " (extrapolated)" if fit.at_extrapolated else ""
@@ -251,8 +278,11 @@ NOTE = ("Δ = FlexiGPT* − ShortGPT + LoRA* at the same ratio and recovery toke
         "replicate: intervals are percentile intervals over those fits. Crossover: where the "
         "line reaches 0 after the smallest budget (∞: it moves away from 0). Tokens / param = "
         "recovery tokens over the dense model's parameters (the paper: 1B / 6.7B ≈ 0.15). "
-        "A budget with one seed per method: its interval covers documents, not training "
-        "seeds.")
+        "Seeds: a side run with several training seeds is resampled by seed, then by "
+        "document (two-level); a one-seed side borrows the seed spread measured at the "
+        "nearest budget (the ladder's Seeds column). A slope whose interval contains 0 is "
+        "reported as an undecided trend, without crossover or extrapolation; a crossover "
+        "only when at least 95% of the replicates cross.")
 
 
 def trend_table(agg: pd.DataFrame, comp: Comparator, models: list[str], *,
