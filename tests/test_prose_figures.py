@@ -77,7 +77,7 @@ def sources(run: Path) -> list[Path]:
     return [run.parent, REFERENCE / "across_models", *sorted(REFERENCE.glob("*.json"))]
 
 
-DOCUMENTS = [(ROOT / "README.md", [REFERENCE])] + [
+DOCUMENTS = [(ROOT / "README.md", [REFERENCE]), (ROOT / "docs" / "results.md", [REFERENCE])] + [
     (run, sources(run)) for run in sorted(REFERENCE.glob("*/RUN.md"))]
 
 
@@ -111,3 +111,34 @@ def test_run_md_names_the_commit_its_records_were_made_at(run):
                for c in re.findall(r'"git_commit": "([0-9a-f]{40})"', path.read_text())}
     missing = sorted(c for c in commits if c not in run.read_text())
     assert not missing, f"{run.relative_to(ROOT)} does not name the records' commits {missing}"
+
+
+def test_readme_headline_is_what_the_committed_verdicts_give():
+    """The README's headline block is exactly :func:`flexigpt.tables.headline.headline` of the
+    committed verdict files (regenerate: ``python -m flexigpt.tables.headline README.md``)."""
+    import os
+
+    from flexigpt.tables.headline import ACROSS, END, RUNS, START, headline
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index(START):readme.index(END) + len(END)]
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert block == headline(ACROSS, RUNS), "README headline is stale: regenerate it"
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize("doc", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))],
+                         ids=lambda p: p.name)
+def test_relative_links_resolve(doc):
+    """Every relative Markdown link of the README and docs/ names a file or folder that
+    exists (the docs moved out of the README keep working)."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", doc.read_text()):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        if not (doc.parent / target).exists():
+            broken.append(target)
+    assert not broken, f"{doc.relative_to(ROOT)}: broken links {broken}"

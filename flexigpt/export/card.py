@@ -113,7 +113,7 @@ def _load_lines(remote: bool | None) -> list[str]:
                  "`flexigpt.load_compressed(dir)` from flexigpt-bench."]
     else:
         lines.insert(0, "A stock transformers checkpoint.")
-    lines += ["", "Stock lm-eval (data: see flexigpt-bench's README, \"Loading compressed models "
+    lines += ["", "Stock lm-eval (data: see flexigpt-bench's docs/checkpoints.md, \"Loading compressed models "
               "elsewhere\"):", "```",
               "lm_eval --model hf --model_args pretrained=path/to/this/directory"
               f"{',trust_remote_code=True' if remote else ''},add_bos_token=False,dtype=float32 "
