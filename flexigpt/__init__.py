@@ -10,15 +10,46 @@ Public entry points::
                                        flexigpt.export.publish.publish_compressed
 """
 
-from flexigpt.api import compress
-from flexigpt.artifacts import LoadedModel, load_compressed
-from flexigpt.export.publish import publish_compressed
-from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.fileio import CheckpointError
-from flexigpt.manifest import Manifest
-from flexigpt.models import load_model
-from flexigpt.params import count_parameters
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names below, imported on first use (PEP 562): no torch for light commands
+    from flexigpt.api import compress
+    from flexigpt.artifacts import LoadedModel, load_compressed
+    from flexigpt.export.publish import publish_compressed
+    from flexigpt.export.publish import publish_compressed as save_compressed
+    from flexigpt.fileio import CheckpointError
+    from flexigpt.manifest import Manifest
+    from flexigpt.models import load_model
+    from flexigpt.params import count_parameters
+
+#: public name → (module, attribute), imported when first read.
+_LAZY = {"compress": ("flexigpt.api", "compress"),
+         "LoadedModel": ("flexigpt.artifacts", "LoadedModel"),
+         "load_compressed": ("flexigpt.artifacts", "load_compressed"),
+         "publish_compressed": ("flexigpt.export.publish", "publish_compressed"),
+         "save_compressed": ("flexigpt.export.publish", "publish_compressed"),
+         "CheckpointError": ("flexigpt.fileio", "CheckpointError"),
+         "Manifest": ("flexigpt.manifest", "Manifest"),
+         "load_model": ("flexigpt.models", "load_model"),
+         "count_parameters": ("flexigpt.params", "count_parameters")}
 
 __version__ = "0.1.0"
 __all__ = ["CheckpointError", "LoadedModel", "Manifest", "compress", "count_parameters",
            "load_compressed", "load_model", "publish_compressed", "save_compressed", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use (``import flexigpt`` alone loads no torch)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'flexigpt' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
