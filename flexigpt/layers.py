@@ -1,22 +1,28 @@
-"""The declared layers of the harness, and the static import graph that checks them.
+"""The declared layers of the harness, and the static import graph that checks what
+import-linter does not.
 
-The layers, bottom to top, are declared once in ``pyproject.toml`` (``[tool.flexigpt.layers]``,
-a list of ``[name, [module prefixes]]``): a module may import from its own layer and the
-layers below, never from one above, and the import graph of the packages ``flexigpt`` and
-``baselines`` has no cycle at all — inside a layer included. Every ``import`` and ``from ...
-import`` statement counts, wherever it stands (function bodies, ``if TYPE_CHECKING:``), so an
-import moved into a function to dodge a cycle is still a cycle here. Names loaded from a
-string (the registry's ``"baselines.slicegpt.method:METHOD"``) are a plugin mechanism, not an
-import, and do not count. ``flexigpt/__init__.py`` (the public re-export) is exempt.
+The layers are declared once in ``pyproject.toml``, as import-linter's layers contract
+(``[tool.importlinter]``, contract ``id = "layers"``, top first; `` : `` joins the modules of
+one layer; names in ``[tool.flexigpt] layer_names``). ``lint-imports`` (``make test``) checks
+that no module imports from a layer above its own. This module checks the rest of the
+contract on the import graph of ``flexigpt`` and ``baselines``: **no cycle at all**, inside a
+layer included (import-linter lets the modules of one layer import each other freely), and
+**no module outside every layer** (import-linter ignores a module no layer names). Every
+``import`` and ``from ... import`` statement counts, wherever it stands (function bodies,
+``if TYPE_CHECKING:``), so an import moved into a function to dodge a cycle is still a cycle
+here. Names loaded from a string (the registry's ``"baselines.slicegpt.method:METHOD"``) are a
+plugin mechanism, not an import, and do not count. ``flexigpt/__init__.py`` (the public
+re-export, lazy) is exempt.
 
-``python -m flexigpt.layers`` prints the report (layers with their modules, cycles, upward
-imports) and exits 1 when the contract is broken; ``tests/test_layers.py`` runs it in the
-default test command.
+``python -m flexigpt.layers`` prints the report (layers with their modules, cycles, strays)
+and exits 1 when the contract is broken; ``tests/test_layers.py`` runs it in the default test
+command.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -133,11 +139,22 @@ class Layers:
 
     @classmethod
     def declared(cls, root: Path = ROOT) -> Layers:
-        """The layers of ``[tool.flexigpt.layers]`` in ``root/pyproject.toml``."""
+        """The layers of import-linter's ``layers`` contract in ``root/pyproject.toml``,
+        bottom first, named by ``[tool.flexigpt] layer_names`` (ValueError when the two
+        disagree in length or the contract is missing)."""
         table = tomllib.loads((root / "pyproject.toml").read_text())
-        entries = table["tool"]["flexigpt"]["layers"]
-        return cls(tuple(name for name, _ in entries),
-                   tuple(tuple(prefixes) for _, prefixes in entries))
+        contracts = table["tool"]["importlinter"]["contracts"]
+        found = [c for c in contracts if c.get("id") == "layers" and c.get("type") == "layers"]
+        if len(found) != 1:
+            raise ValueError("pyproject.toml: expected one import-linter contract with "
+                             "id = 'layers' and type = 'layers'")
+        top_first = [tuple(m.strip() for m in re.split(r"[:|]", entry))
+                     for entry in found[0]["layers"]]
+        names = table["tool"]["flexigpt"]["layer_names"]
+        if len(names) != len(top_first):
+            raise ValueError(f"pyproject.toml: {len(names)} layer_names for "
+                             f"{len(top_first)} layers")
+        return cls(tuple(reversed(names)), tuple(reversed(top_first)))
 
     def level(self, module: str) -> int | None:
         """The index of the layer that owns ``module`` (longest matching prefix wins);
@@ -155,27 +172,12 @@ def unassigned(graph: dict[str, set[str]], layers: Layers) -> list[str]:
     return sorted(m for m in graph if m not in EXEMPT and layers.level(m) is None)
 
 
-def upward_imports(graph: dict[str, set[str]], layers: Layers) -> list[tuple[str, str]]:
-    """``(importer, imported)`` pairs where the imported module sits in a higher layer."""
-    bad = []
-    for module, targets in sorted(graph.items()):
-        own = layers.level(module)
-        if module in EXEMPT or own is None:
-            continue
-        for target in sorted(targets):
-            other = layers.level(target)
-            if other is not None and other > own:
-                bad.append((module, target))
-    return bad
-
-
 @cache
 def report(root: Path = ROOT) -> tuple[str, bool]:
-    """The contract's report (text) and whether it holds."""
+    """The contract's report (text) and whether it holds (upward imports: ``lint-imports``)."""
     graph = import_graph(root)
     layers = Layers.declared(root)
     found_cycles = cycles(graph)
-    upward = upward_imports(graph, layers)
     missing = unassigned(graph, layers)
     lines = ["layers, bottom first:"]
     for i, name in enumerate(layers.names):
@@ -184,14 +186,10 @@ def report(root: Path = ROOT) -> tuple[str, bool]:
     lines.append(f"import edges: {sum(map(len, graph.values()))} between {len(graph)} modules")
     lines.append(f"cycles: {len(found_cycles)}")
     lines += [f"  {' <-> '.join(c)}" for c in found_cycles]
-    lines.append(f"upward imports: {len(upward)}")
-    for a, b in upward:
-        level_a, level_b = layers.level(a), layers.level(b)
-        assert level_a is not None and level_b is not None  # upward_imports: both in a layer
-        lines.append(f"  {a} ({layers.names[level_a]}) -> {b} ({layers.names[level_b]})")
     lines.append(f"modules in no layer: {len(missing)}")
     lines += [f"  {m}" for m in missing]
-    return "\n".join(lines), not (found_cycles or upward or missing)
+    lines.append("upward imports: checked by lint-imports (import-linter, the same declaration)")
+    return "\n".join(lines), not (found_cycles or missing)
 
 
 def main() -> int:
