@@ -141,7 +141,9 @@ def test_budget_config_errors():
                           ({"replicates": {"seeds": [1], "tokens": [65536]}}, "65536"),
                           ({"replicates": {"seeds": [0], "tokens": [131072]}}, "base seed 0"),
                           ({"replicates": {"seeds": [1], "tokens": [131072],
-                                           "runs": ["shortgpt"]}}, "not in budget.runs")):
+                                           "runs": ["shortgpt"]}}, "not in budget.runs"),
+                          ({"until": {"shortgpt": 131072}}, "budget.until"),
+                          ({"until": {"replaceme/lora": 100000}}, "budget.until")):
         bad = copy.deepcopy(config)
         bad["budget"].update(over)
         with pytest.raises(ValueError, match=message):
@@ -484,3 +486,23 @@ def test_every_strategy_on_the_ladder_against_the_comparator(tmp_path):
     assert "Does the initialisation advantage survive more tokens?" in md
     assert "| LLM-Streamline + LoRA* | Δ log-PPL | +0.5813" in md  # its Δ rises: it
     assert "loses ground on ShortGPT + LoRA* with tokens" in md      # loses ground
+
+
+def test_a_sitting_stops_chosen_runs_below_the_top_and_changes_nothing_else():
+    """``budget.until`` (config/budget-sitting1.yaml) leaves out the chosen runs' larger points
+    only: every other run of the grid, and its parameters, are those of the full ladder, so
+    the next sitting resumes into the same results folder."""
+    from snakemake.utils import update_config
+
+    full = budget_grid()
+    config = load("config/budget.yaml")
+    update_config(config, load("config/budget-sitting1.yaml"))
+    sitting = RunGrid.from_config(config)
+    left_out = set(full.runs) - set(sitting.runs)
+    assert left_out == {(KEY, m, "lora_tok1048576", "r0.3") for m in ("replaceme", "streamline")}
+    assert not set(sitting.runs) - set(full.runs)
+    for key, run in sitting.runs.items():
+        if run.recovery:
+            assert sitting.train_params(run) == full.train_params(full.runs[key])
+        for stage in run.stages():
+            assert sitting.eval_params(run, stage) == full.eval_params(full.runs[key], stage)

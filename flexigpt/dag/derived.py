@@ -123,7 +123,9 @@ def budget_runs(runs: dict[Key, Run], spec: dict[str, Any], ratios: list[float],
     = the recipe's tuning grid on the tuning split at every point; ``smallest`` = the
     smallest point sweeps, the others reuse its choice (``lr_from``). ``budget.tasks: top``
     scores the tasks only at the largest point (perplexity at every point).
-    ``budget.replicates`` adds training seeds at chosen budgets (:func:`_budget_replicates`).
+    ``budget.replicates`` adds training seeds at chosen budgets (:func:`_budget_replicates`);
+    ``budget.until`` stops chosen runs below the top of the ladder for one sitting
+    (:func:`_until`).
 
     Raises:
         ValueError: a name that is not a recovered Table 1 run, a ratio not in ``ratios``, a
@@ -147,10 +149,11 @@ def budget_runs(runs: dict[Key, Run], spec: dict[str, Any], ratios: list[float],
             return ref
         return (ref[0], ref[1], budget_variant(ref[2], tokens), ref[3])
 
+    until = _until(spec, ladder)
     out: list[Run] = []
     for tokens in ladder:
         for key, run in bases.items():
-            if tokens == base_tokens:
+            if tokens == base_tokens or tokens > until.get((run.method, run.variant), tokens):
                 continue
             lr_from = at(run.lr_from, tokens)
             if lr_from is None and lr_mode == "smallest" and tokens != ladder[0]:
@@ -161,6 +164,23 @@ def budget_runs(runs: dict[Key, Run], spec: dict[str, Any], ratios: list[float],
                 compressed_from=run.compressed_from or key, budget=at(run.budget, tokens),
                 lr_from=lr_from, scored_tasks=not top_only or tokens == ladder[-1]))
     return out + _budget_replicates(out, spec.get("replicates") or {}, ladder, base_tokens, runs)
+
+
+def _until(spec: dict[str, Any], ladder: list[int]) -> dict[tuple[str, str], int]:
+    """``budget.until`` (``{"method/variant": tokens}``): the largest budget a run is taken to
+    in this sitting (a ladder too long for one sitting is split into configs that resume
+    into one results folder: the points a sitting leaves out are added by the next, every
+    other path unchanged). ValueError for a run not in ``budget.runs`` or a budget off the
+    ladder."""
+    out: dict[tuple[str, str], int] = {}
+    names = set(spec["runs"])
+    for name, tokens in (spec.get("until") or {}).items():
+        if name not in names or int(tokens) not in ladder:
+            raise ValueError(f"budget.until: {name!r}: {tokens} must name a run of budget.runs "
+                             f"and a budget of budget.tokens {ladder}")
+        method, _, variant = name.partition("/")
+        out[(method, variant or "default")] = int(tokens)
+    return out
 
 
 def _budget_replicates(points: list[Run], spec: dict[str, Any], ladder: list[int],
