@@ -31,7 +31,6 @@ from flexigpt.tables.decision import (
 from flexigpt.tables.intervals import RecordStore
 from flexigpt.tables.published import load_published
 from flexigpt.tables.report import gather_inputs
-from flexigpt.tables.trend import budget_trend, trend_table
 
 BASE = Path(__file__).parent / "fixtures" / "results" / "eval" / "smollm2-135m" / \
     "shortgpt-default-r0.3-final-s0.json"
@@ -358,21 +357,6 @@ def test_budgets_give_one_row_each_and_a_trend(tmp_path):
     md = (tmp_path / "o" / "verdicts.md").read_text()
     assert md.index("### Decision rules") < md.index("### smollm2-135m: the paper's claims")
     assert "0.02 nats" in md and "Holm" in md and "†" in md
-
-    agg, comp = _frames(root)
-    fit = budget_trend(agg, comp, SMOL, 0.3, "log_ppl")
-    assert fit.tokens == (1000.0, 2000.0, 4000.0) and fit.unit == "nats"
-    assert fit.estimates[:2] == pytest.approx((0.2, 0.15))
-    x = np.log10(fit.tokens)
-    assert fit.slope == pytest.approx(np.polyfit(x, fit.estimates, 1)[0])
-    assert fit.crossover > 4000 and fit.crossover_extrapolated
-    assert fit.at_tokens == pytest.approx(0.15 * 134515008) and fit.at_extrapolated
-    table = trend_table(agg, comp, [SMOL])
-    assert table is not None and len(table.blocks) == 2  # log-PPL and Avg
-    assert set(table.csv["metric"]) == {"log_ppl", "avg"}
-    avg = budget_trend(agg, comp, SMOL, 0.3, "avg")  # the PPL-only budget is left out
-    assert avg.tokens == (1000.0, 4000.0) and math.isinf(avg.crossover)  # no gap at all
-    assert budget_trend(agg, comp, SMOL, 0.4, "log_ppl") is None
 
 
 def test_e_needs_equal_block_counts_and_a_paper_number(tmp_path):

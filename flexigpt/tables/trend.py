@@ -35,9 +35,10 @@ Public API::
     budget_pairs(agg, model, ratio)              -> [BudgetPair], one per budget
     fit_trend(tokens, estimates, replicates, *, level, at_tokens, metric, unit) -> TrendFit
                                                  (from flexigpt.tables.trend_fit)
-    budget_trend(agg, comp, model, ratio, metric, *, at_tokens_per_param) -> TrendFit | None
     trend_frame(fit) -> DataFrame;  render_markdown(fit, title=None) -> str
-    trend_table(agg, comp, models) -> Table | None   (``trend.md/.csv``)
+
+The ladders themselves (points, joint replicates with the seed component, fits) are
+:mod:`flexigpt.tables.ladder`; their tables :mod:`flexigpt.tables.budget`.
 """
 
 from __future__ import annotations
@@ -45,18 +46,17 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
-from flexigpt import stats
 from flexigpt.registry import ROLES
-from flexigpt.tables.collect import TASKS
-from flexigpt.tables.comparisons import Comparator
 from flexigpt.tables.intervals import setting_key
-from flexigpt.tables.render import Block, Table, si
+from flexigpt.tables.render import si
 from flexigpt.tables.rows import optional_float, table_of
 from flexigpt.tables.trend_fit import TrendFit, fit_trend
+
+__all__ = ["PAPER_TOKENS_PER_PARAM", "BudgetPair", "TrendFit", "budget_pairs", "fit_trend",
+           "like_for_like", "render_markdown", "trend_decided", "trend_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -144,47 +144,6 @@ def budget_pairs(agg: pd.DataFrame, model: str, ratio: float) -> list[BudgetPair
     for pair in like_for_like(agg, model, ratio):  # default variant first per budget
         out.setdefault(pair.tokens, pair)
     return sorted(out.values(), key=lambda p: -1 if p.tokens is None else p.tokens)
-
-
-def budget_trend(agg: pd.DataFrame, comp: Comparator, model: str, ratio: float, metric: str,
-                 *, at_tokens_per_param: float | None = PAPER_TOKENS_PER_PARAM,
-                 level: float = stats.LEVEL) -> TrendFit | None:
-    """The trend of FlexiGPT − ShortGPT + LoRA (``metric``: ``log_ppl`` in nats or ``avg``
-    in points) over the like-for-like budgets of ``model`` at ``ratio``
-    (:func:`budget_pairs`), with the fitted Δ at ``at_tokens_per_param`` × dense
-    parameters. None when fewer than two budgets have records of ``metric`` (a budget
-    without them is left out) or the runs did not score the same documents (logged)."""
-    if metric not in UNITS:
-        raise ValueError(f"metric must be one of {sorted(UNITS)}, got {metric!r}")
-    pairs = [p for p in budget_pairs(agg, model, ratio) if p.tokens]
-    runs = [(p, comp.store.runs(p.key_a), comp.store.runs(p.key_b)) for p in pairs]
-    runs = [x for x in runs if _measured(x[1], metric) and _measured(x[2], metric)]
-    if len({p.tokens for p, _, _ in runs}) < 2:
-        return None
-    tasks = None if metric == "log_ppl" else list(TASKS)
-    try:
-        reps = stats.paired_replicates([(ra, rb) for _, ra, rb in runs], metric, tasks=tasks,
-                                       n_boot=comp.n_boot, seed=comp.seed)
-    except stats.PairingError as err:
-        log.info("trend of %s at %s (%s) skipped: %s", model, ratio, metric, err)
-        return None
-    reps = reps if metric == "log_ppl" else reps.scaled(100.0)
-    params = runs[0][0].params
-    at = at_tokens_per_param * params if at_tokens_per_param and params else None
-    budgets = [p.tokens for p, _, _ in runs if p.tokens is not None]  # all (pairs with tokens)
-    return fit_trend(budgets, reps.estimate, reps.boot, level=level,
-                     at_tokens=at, metric=metric, unit=UNITS[metric],
-                     tokens_per_param=[p.tokens_per_param for p, _, _ in runs],
-                     seeds=reps.seeds)
-
-
-def _measured(runs: list[dict[str, Any]] | None, metric: str) -> bool:
-    """Whether every run's records hold ``metric`` (perplexity windows; every task)."""
-    if runs is None:
-        return False
-    if metric == "log_ppl":
-        return all(r.get("perplexity") for r in runs)
-    return all(t in (r.get("tasks") or {}) for r in runs for t in TASKS)
 
 
 def _fmt(v: float, digits: int) -> str:
@@ -283,27 +242,3 @@ NOTE = ("Δ = FlexiGPT* − ShortGPT + LoRA* at the same ratio and recovery toke
         "nearest budget (the ladder's Seeds column). A slope whose interval contains 0 is "
         "reported as an undecided trend, without crossover or extrapolation; a crossover "
         "only when at least 95% of the replicates cross.")
-
-
-def trend_table(agg: pd.DataFrame, comp: Comparator, models: list[str], *,
-                at_tokens_per_param: float | None = PAPER_TOKENS_PER_PARAM) -> Table | None:
-    """``trend``: one block per model, ratio and metric (``log_ppl``, ``avg``) whose
-    like-for-like pair was run at two or more budgets; CSV one row per block
-    (:meth:`TrendFit.to_dict` plus model and ratio). None without such a block."""
-    blocks, csv = [], []
-    for model in models:
-        ratios = sorted({p.ratio for p in like_for_like(agg, model)})
-        for ratio in ratios:
-            for metric in UNITS:
-                fit = budget_trend(agg, comp, model, ratio, metric,
-                                   at_tokens_per_param=at_tokens_per_param)
-                if fit is None:
-                    continue
-                name = "log-PPL" if metric == "log_ppl" else "Avg"
-                blocks.append(Block(f"{model}: {100 * ratio:.0f}%, Δ {name} vs recovery "
-                                    "tokens", trend_frame(fit), notes=[NOTE]))
-                csv.append({"model": model, "ratio": ratio, **fit.to_dict()})
-    if not blocks:
-        return None
-    return Table("trend", "FlexiGPT − ShortGPT + LoRA against the recovery budget", blocks,
-                 pd.DataFrame(csv))
