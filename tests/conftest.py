@@ -6,6 +6,7 @@ import importlib.util
 import json
 import random
 import runpy
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ def load_benchmark(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the body runs
     spec.loader.exec_module(module)
     return module
 

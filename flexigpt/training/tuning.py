@@ -340,6 +340,8 @@ def _rung(trial_dir: Path, cfg: Any, point: dict[str, Any], step: int,
         result = train()
         if isinstance(result, str):  # diverged before the rung
             return diverged_record(point, cfg.lr, cfg.gamma_lr, result)
+        log.info("trial %s: rung at step %d after %.1fs of training", trial_dir.name,
+                 result["stopped_at_step"], result.get("train_seconds", 0.0))
         return {**_scored(point, result["plan"], result["trainable"], result["ppl"],
                           result["ppl_before"], result["tokens"]),
                 "stopped_at_step": result["stopped_at_step"], "tune_ppl_final": None}
