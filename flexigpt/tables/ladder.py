@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from flexigpt import stats
+from flexigpt.registry import ROLES
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.labels import slug
@@ -28,7 +29,7 @@ from flexigpt.tables.trend_fit import TrendFit, fit_trend
 
 log = logging.getLogger(__name__)
 #: Table 1's like-for-like pair (ShortGPT + LoRA's ``match`` and ``budget`` name FlexiGPT).
-PAIR = ("flexigpt", "shortgpt_lora")
+PAIR = (ROLES.subject, ROLES.comparator)
 #: the two differences of a ladder: metric → (display name, unit, digits).
 METRICS = {"log_ppl": ("Δ log-PPL", "nats", 3), "avg": ("Δ Avg", "points", 1)}
 
