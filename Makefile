@@ -25,12 +25,12 @@ run: setup
 smoke: setup
 	. $(BIN)/activate && flexigpt run --cores all --configfile config/smoke.yaml
 
-# lint and types first (a minute), then the suite; the layer contract is tests/test_layers.py
+# lint and types first (a minute), then the suite; the layer contract is tests/test_import_contract.py
 test: setup
 	. $(BIN)/activate && ruff check $(CHECKED) && mypy && python -m pytest -q -m "not slow and not gpu"
 
 check: setup
-	. $(BIN)/activate && ruff check $(CHECKED) && mypy && lint-imports && python -m flexigpt.layers
+	. $(BIN)/activate && ruff check $(CHECKED) && mypy && lint-imports && python -m flexigpt.import_contract
 
 # the end-to-end smoke DAG and the real SmolLM2 resource build (minutes; in temporary dirs)
 test-slow: setup

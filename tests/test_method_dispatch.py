@@ -94,7 +94,7 @@ def test_no_method_dispatch_outside_the_methods_and_the_registry():
 
 # ---- selections: a method key written anywhere in code outside its folder ------------------
 #: where the string "flexigpt" names the package, not the method
-PACKAGE_NAME = ("flexigpt/cli.py", "flexigpt/code_deps.py", "flexigpt/layers.py",
+PACKAGE_NAME = ("flexigpt/cli.py", "flexigpt/code_deps.py", "flexigpt/import_contract.py",
                 "flexigpt/provenance.py")
 #: module → method-key literals it still holds (selections: tuples of keys, dict keys,
 #: ``METHODS["key"]``, recipe names that equal a method key). Issue 50 moves them into the

@@ -14,8 +14,8 @@ here. Names loaded from a string (the registry's ``"baselines.slicegpt.method:ME
 plugin mechanism, not an import, and do not count. ``flexigpt/__init__.py`` (the public
 re-export, lazy) is exempt.
 
-``python -m flexigpt.layers`` prints the report (layers with their modules, cycles, strays)
-and exits 1 when the contract is broken; ``tests/test_layers.py`` runs it in the default test
+``python -m flexigpt.import_contract`` prints the report (layers with their modules, cycles, strays)
+and exits 1 when the contract is broken; ``tests/test_import_contract.py`` runs it in the default test
 command.
 """
 
