@@ -1,6 +1,6 @@
 """Per-rule wall time and peak memory of a finished DAG run, from Snakemake's ``benchmark:`` files.
 
-Every heavy rule writes ``benchmarks/<model>/.../<rule>.tsv`` (columns ``s``, ``max_rss`` ...).
+Every heavy rule writes ``logs/timings/<model>/.../<rule>.tsv`` (columns ``s``, ``max_rss`` ...).
 This script groups them by rule and prints (or writes, ``--markdown``) a table: jobs, total
 and mean seconds, the slowest job, peak RSS, and each rule's share of all job-seconds. Jobs run
 concurrently, so job-seconds add up to more than the wall time of the run.
@@ -54,7 +54,8 @@ def summary(jobs: pd.DataFrame) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--benchmarks", default="benchmarks", help="Snakemake benchmark root")
+    parser.add_argument("--benchmarks", default="logs/timings",
+                        help="Snakemake benchmark root (the rules' timing files)")
     parser.add_argument("--model", default=None, help="only this model's subfolder")
     parser.add_argument("--markdown", default=None, help="also write the table here")
     args = parser.parse_args(argv)

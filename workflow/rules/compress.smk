@@ -15,7 +15,7 @@ rule block_influence:
     log:
         "logs/{model}/block_influence.log",
     benchmark:
-        "benchmarks/{model}/block_influence.tsv"
+        "logs/timings/{model}/block_influence.tsv"
     priority: PRIORITY.of("block_influence")
     threads: JOB_THREADS
     conda:
@@ -36,7 +36,7 @@ rule compress:
     log:
         "logs/{model}/{method}/{variant}/{setting}/compress.log",
     benchmark:
-        "benchmarks/{model}/{method}/{variant}/{setting}/compress.tsv"
+        "logs/timings/{model}/{method}/{variant}/{setting}/compress.tsv"
     priority: PRIORITY.of("compress")
     threads: JOB_THREADS
     resources:

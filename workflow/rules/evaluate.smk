@@ -13,7 +13,7 @@ rule evaluate:
     log:
         "logs/{model}/{method}/{variant}/{setting}/eval_{stage}.log",
     benchmark:
-        "benchmarks/{model}/{method}/{variant}/{setting}/eval_{stage}.tsv"
+        "logs/timings/{model}/{method}/{variant}/{setting}/eval_{stage}.tsv"
     priority: PRIORITY.of("evaluate")
     threads: JOB_THREADS
     resources:

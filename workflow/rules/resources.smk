@@ -42,7 +42,7 @@ rule fetch_smollm2:
     log:
         "logs/resources/smollm2-135m.log",
     benchmark:
-        "benchmarks/resources/smollm2-135m.tsv"
+        "logs/timings/resources/smollm2-135m.tsv"
     resources:
         mem_mb=4000,
     conda:
@@ -60,7 +60,7 @@ rule fetch_gemma3:
     log:
         "logs/resources/gemma3-270m.log",
     benchmark:
-        "benchmarks/resources/gemma3-270m.tsv"
+        "logs/timings/resources/gemma3-270m.tsv"
     resources:
         mem_mb=5000,
     conda:

@@ -19,7 +19,7 @@ rule train:
     log:
         "logs/{model}/{method}/{variant}/{setting}/train.log",
     benchmark:
-        "benchmarks/{model}/{method}/{variant}/{setting}/train.tsv"
+        "logs/timings/{model}/{method}/{variant}/{setting}/train.tsv"
     priority: PRIORITY.of("train")
     threads: JOB_THREADS
     resources:
