@@ -70,3 +70,9 @@ def test_archive_errors_name_the_problem(tmp_path, capsys):
     assert cli_main(["archive", "--configfile", str(config), "--workdir", str(tmp_path),
                      "--out", str(tmp_path / "arch")]) == 2
     assert "the run is not finished" in capsys.readouterr().err
+    # a sitting's overlay is laid over its config as `flexigpt run` does: its key is checked
+    overlay = tmp_path / "sitting.yaml"
+    overlay.write_text("budget:\n  until: 3\n")
+    assert cli_main(["archive", "--configfile", str(config), str(overlay), "--workdir",
+                     str(tmp_path), "--out", str(tmp_path / "arch")]) == 2
+    assert "budget" in capsys.readouterr().err

@@ -9,8 +9,9 @@ HELP = "copy a finished run's table inputs and per-document records (no weights)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--configfile", default="config/config.yaml",
-                   help="the config the run used (default: config/config.yaml)")
+    p.add_argument("--configfile", nargs="+", default=["config/config.yaml"],
+                   help="the config file(s) the run used, later ones laid over earlier ones "
+                        "as `flexigpt run` does (default: config/config.yaml)")
     p.add_argument("--workdir", default=".", help="the run's working directory (default: .)")
     p.add_argument("--out", required=True, help="new directory for the archive")
     p.add_argument("--facts-only", action="store_true",
@@ -23,14 +24,17 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import yaml
+    from snakemake.utils import update_config
 
     from flexigpt.config_check import check_config_files
     from flexigpt.config_schema import check_schema
     from flexigpt.dag.archive import add_model_facts, archive_run
 
-    check_config_files([args.configfile])
-    config = yaml.safe_load(Path(args.configfile).read_text())
-    check_schema(config, [args.configfile])
+    check_config_files(args.configfile)
+    config: dict = {}
+    for path in args.configfile:
+        update_config(config, yaml.safe_load(Path(path).read_text()) or {})
+    check_schema(config, args.configfile)
     if args.facts_only:
         print(f"wrote the model facts into {add_model_facts(config, args.out, args.workdir)}")
         return 0
