@@ -37,6 +37,24 @@ def test_shipped_configs_pass(path):
     RunGrid.from_config(yaml.safe_load((ROOT / path).read_text()))
 
 
+#: overlays (config/overlays/): laid over the config they name, as `flexigpt run` does
+OVERLAYS = {"config/overlays/budget-sitting1.yaml": "config/budget.yaml"}
+
+
+def test_every_overlay_is_listed():
+    assert {str(p.relative_to(ROOT)) for p in (ROOT / "config/overlays").glob("*.yaml")} \
+        == set(OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay,base", sorted(OVERLAYS.items()))
+def test_shipped_overlays_pass_over_their_config(overlay, base):
+    from snakemake.utils import update_config
+
+    config = yaml.safe_load((ROOT / base).read_text())
+    update_config(config, yaml.safe_load((ROOT / overlay).read_text()))
+    RunGrid.from_config(config)
+
+
 @pytest.mark.parametrize("mutate,run,where,problem", [
     (lambda c: c["ablations"]["variants"].update(no_lowrank={"distanse": "full"}),
      "tiny-llama/flexigpt/no_lowrank/r0.3", "ablations.variants.no_lowrank",
