@@ -51,7 +51,8 @@ def test_jobs_compute_and_critical_path(tmp_path: Path):
     (tmp_path / "logs/train.log").write_text(TRAIN_LOG)
     (tmp_path / "logs/compress.log").write_text(
         "2026-12-06 12:00:30,000 INFO flexigpt.evaluation.results: perplexity 9.0 over 4 × 8 "
-        "tokens (12.5 s)\n")
+        "tokens (12.5 s)\n2026-12-06 12:00:40,000 INFO flexigpt.evaluation.zeroshot: piqa: "
+        "acc = 0.6000 ± 0.0100 (1000 docs, 20.0 s)\n")
     log = tmp_path / "run.snakemake.log"
     log.write_text(SNAKEMAKE_LOG)
     jobs = profile.parse_log(log.read_text())
@@ -60,7 +61,7 @@ def test_jobs_compute_and_critical_path(tmp_path: Path):
     frame = profile.job_frame(jobs, tmp_path).set_index("jobid")
     # the chosen trial's rung steps are inside its final 300 s; the losing trial's 70 s count
     assert frame.at[2, "compute_s"] == 370.0 and frame.at[2, "overhead_s"] == 230.0
-    assert frame.at[1, "compute_s"] == 12.5
+    assert frame.at[1, "compute_s"] == 32.5  # perplexity and the task
     path = profile.critical_path(jobs)  # of train's inputs, 'other' finished last
     assert [(j.rule, wait) for j, wait in path] == [("other", 0.0), ("train", 10.0)]
     text = profile.report(log, tmp_path)

@@ -24,14 +24,19 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from flexigpt import stats
 from flexigpt.tables import trend
-from flexigpt.tables.budget_strategies import strategies, strategies_figure, strategies_table
+from flexigpt.tables.budget_strategies import (
+    Strategy,
+    strategies,
+    strategies_figure,
+    strategies_table,
+)
 from flexigpt.tables.build import aggregate
 from flexigpt.tables.collect import collect_results
 from flexigpt.tables.intervals import RecordStore
@@ -196,8 +201,9 @@ def ladder_table(model: str, ratio: float, points: list[Point],
 
 @dataclass
 class Ladder:
-    """One ladder of the results: its table (``budget_<model>_r<ratio>``) and what its
-    figure needs."""
+    """One ladder of the results: its table (``budget_<model>_r<ratio>``), what its figure
+    needs, and, where strategies beyond the like-for-like pair are on it, their table
+    (``budget_strategies_<model>_r<ratio>``, :mod:`flexigpt.tables.budget_strategies`)."""
 
     model: str
     ratio: float
@@ -205,11 +211,25 @@ class Ladder:
     trends: dict[str, MetricTrend | None]
     display: str | None
     table: Table
+    strategies: list[Strategy] = field(default_factory=list)
+    store: RecordStore | None = None
+
+    @property
+    def tables(self) -> list[Table]:
+        """The ladder's table, then the strategies' table when there is one."""
+        if len(self.strategies) <= 2:  # the like-for-like pair alone
+            return [self.table]
+        return [self.table, strategies_table(self.model, self.ratio, self.strategies,
+                                             self.display)]
 
     def figure(self, out_dir: str | os.PathLike) -> list[Path]:
-        """``fig_budget_<model>_r<ratio>.png``: the files written."""
-        return ladder_figure(self.model, self.ratio, self.points, self.trends, out_dir,
-                             self.display)
+        """``fig_budget_<model>_r<ratio>.png`` (and the strategies' figure): files written."""
+        written = ladder_figure(self.model, self.ratio, self.points, self.trends, out_dir,
+                                self.display)
+        if len(self.strategies) > 2 and self.store is not None:
+            written += strategies_figure(self.model, self.ratio, self.strategies, self.store,
+                                         out_dir, self.display)
+        return written
 
 
 def _load(results: Sequence[str | os.PathLike]) -> tuple[pd.DataFrame, RecordStore] | None:
@@ -225,13 +245,11 @@ def _load(results: Sequence[str | os.PathLike]) -> tuple[pd.DataFrame, RecordSto
 def find_ladders(results: Sequence[str | os.PathLike], *,
                  train_logs: Sequence[str | os.PathLike] | None = None,
                  model_names: Mapping[str, str] | None = None,
-                 n_boot: int = stats.N_BOOT,
-                 loaded: tuple[pd.DataFrame, RecordStore] | None = None) -> list[Ladder]:
+                 n_boot: int = stats.N_BOOT) -> list[Ladder]:
     """Every ladder of the ``results`` (evaluation JSONs), with its fitted trends;
     ``train_logs`` locate the trained manifests whose ``epochs`` say whether a budget saw
-    its text more than once. Empty without a ladder (no result of table ``budget``).
-    ``loaded``: :func:`_load`'s output, when the caller has it."""
-    loaded = loaded or _load(results)
+    its text more than once. Empty without a ladder (no result of table ``budget``)."""
+    loaded = _load(results)
     if loaded is None:
         return []
     agg, store = loaded
@@ -242,7 +260,8 @@ def find_ladders(results: Sequence[str | os.PathLike], *,
         for ratio, points in ladders(agg, model).items():
             trends = {m: metric_trend(points, store, m, n_boot=n_boot) for m in METRICS}
             found.append(Ladder(model, ratio, points, trends, display,
-                                ladder_table(model, ratio, points, trends, epochs, display)))
+                                ladder_table(model, ratio, points, trends, epochs, display),
+                                strategies(agg, store, model, ratio, n_boot=n_boot), store))
     return found
 
 
@@ -251,24 +270,13 @@ def build_budget(results: list[str | os.PathLike], out_dir: str | os.PathLike, *
                  model_names: Mapping[str, str] | None = None,
                  formats: tuple[str, ...] = ("md", "csv"), make_plots: bool = True,
                  n_boot: int = stats.N_BOOT) -> list[Path]:
-    """Write every ladder's table (in ``formats``) and figure (:func:`find_ladders`), and
-    where strategies other than the like-for-like pair are on it, the strategies' table
-    and figure (:mod:`flexigpt.tables.budget_strategies`); returns the files written
-    (none without a ladder)."""
-    loaded = _load(results)
-    if loaded is None:
-        return []
+    """Write every ladder's tables (in ``formats``) and figures (:func:`find_ladders`);
+    returns the files written (none without a ladder)."""
     written: list[Path] = []
     for ladder in find_ladders(results, train_logs=train_logs, model_names=model_names,
-                               n_boot=n_boot, loaded=loaded):
-        written += write_table(ladder.table, out_dir, formats)
+                               n_boot=n_boot):
+        for table in ladder.tables:
+            written += write_table(table, out_dir, formats)
         if make_plots:
             written += ladder.figure(out_dir)
-        found = strategies(loaded[0], loaded[1], ladder.model, ladder.ratio, n_boot=n_boot)
-        if len(found) > 2:  # more than the like-for-like pair
-            written += write_table(strategies_table(ladder.model, ladder.ratio, found,
-                                                    ladder.display), out_dir, formats)
-            if make_plots:
-                written += strategies_figure(ladder.model, ladder.ratio, found, loaded[1],
-                                             out_dir, ladder.display)
     return written

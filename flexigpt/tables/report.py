@@ -122,8 +122,9 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     written += _timing_and_sweep_tables(data, names, out, formats)
     ladders = find_ladders(inputs.results, train_logs=inputs.train_logs, model_names=names)
     for ladder in ladders:
-        written += write_table(ladder.table, out, tuple(f for f in formats if f != "tex"))
-        summary.append(ladder.table)
+        for table in ladder.tables:
+            written += write_table(table, out, tuple(f for f in formats if f != "tex"))
+            summary.append(table)
     written += _report_pages(summary, out, formats)
     if make_plots:
         written += _figures(data.agg, data.logs, data.records, root, out, names)
