@@ -492,12 +492,11 @@ def test_a_sitting_stops_chosen_runs_below_the_top_and_changes_nothing_else():
     """``budget.until`` (config/overlays/budget-sitting1.yaml) leaves out the chosen runs'
     larger points only: every other run of the grid, and its parameters, are those of the
     full ladder, so the next sitting resumes into the same results folder."""
-    from snakemake.utils import update_config
+    from flexigpt.commands.run import merged_config
 
     full = budget_grid()
-    config = load("config/budget.yaml")
-    update_config(config, load("config/overlays/budget-sitting1.yaml"))
-    sitting = RunGrid.from_config(config)
+    sitting = RunGrid.from_config(merged_config(
+        [str(ROOT / "config/budget.yaml"), str(ROOT / "config/overlays/budget-sitting1.yaml")]))
     left_out = set(full.runs) - set(sitting.runs)
     assert left_out == {(KEY, m, "lora_tok1048576", "r0.3") for m in ("replaceme", "streamline")}
     assert not set(sitting.runs) - set(full.runs)

@@ -48,11 +48,9 @@ def test_every_overlay_is_listed():
 
 @pytest.mark.parametrize("overlay,base", sorted(OVERLAYS.items()))
 def test_shipped_overlays_pass_over_their_config(overlay, base):
-    from snakemake.utils import update_config
+    from flexigpt.commands.run import merged_config
 
-    config = yaml.safe_load((ROOT / base).read_text())
-    update_config(config, yaml.safe_load((ROOT / overlay).read_text()))
-    RunGrid.from_config(config)
+    RunGrid.from_config(merged_config([str(ROOT / base), str(ROOT / overlay)]))
 
 
 @pytest.mark.parametrize("mutate,run,where,problem", [

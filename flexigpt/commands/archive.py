@@ -21,19 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    import yaml
-    from snakemake.utils import update_config
-
+    from flexigpt.commands.run import merged_config
     from flexigpt.config_check import check_config_files
     from flexigpt.config_schema import check_schema
     from flexigpt.dag.archive import add_model_facts, archive_run
 
     check_config_files(args.configfile)
-    config: dict = {}
-    for path in args.configfile:
-        update_config(config, yaml.safe_load(Path(path).read_text()) or {})
+    config = merged_config(args.configfile)
     check_schema(config, args.configfile)
     if args.facts_only:
         print(f"wrote the model facts into {add_model_facts(config, args.out, args.workdir)}")
