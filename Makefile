@@ -30,7 +30,7 @@ test: setup
 	. $(BIN)/activate && ruff check $(CHECKED) && mypy && python -m pytest -q -m "not slow and not gpu"
 
 check: setup
-	. $(BIN)/activate && ruff check $(CHECKED) && mypy && lint-imports && python -m flexigpt.import_contract
+	. $(BIN)/activate && ruff check $(CHECKED) && mypy && lint-imports && python -m flexigpt.core.import_contract
 
 # the end-to-end smoke DAG and the real SmolLM2 resource build (minutes; in temporary dirs)
 test-slow: setup

@@ -10,7 +10,7 @@ min_version("9.0")
 # The embedded default only when no --configfile is given: a user's config is validated as
 # written, never silently completed from the default's keys (and an empty config file is an
 # error naming the file, not a request for the default).
-from flexigpt.config_check import check_config_files
+from flexigpt.workflow.config_check import check_config_files
 
 check_config_files(workflow.config_settings.configfiles)
 

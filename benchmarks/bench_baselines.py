@@ -1,12 +1,12 @@
 """Measure the ShortGPT / ShortGPT+LoRA / LLM-Pruner baselines on a real checkpoint.
 
-For every method × ratio: compress through ``flexigpt.api.compress`` (the path behind
+For every method × ratio: compress through ``flexigpt.api.compression.compress`` (the path behind
 ``flexigpt compress``), reload with ``load_compressed``, and record the achieved parameter
 ratio (``count_parameters``, embeddings and head included), the pruning time and the
 held-out perplexity before recovery (``token_windows`` on the validation text: the first
 ``--ppl-windows`` windows of ``--ppl-seq-len`` tokens in file order; ``perplexity``). With
 ``--recover-tokens N`` the methods whose recipe is not ``none`` are also trained by the shared
-trainer (``flexigpt.training.train_model``) on N tokens of the calibration text and re-measured.
+trainer (``flexigpt.runtime.training.train_model``) on N tokens of the calibration text and re-measured.
 Rows are written to ``--json`` as they finish; ``--resume`` keeps the rows already there
 (same method, ratio, policy and recovery budget) and measures only the missing ones.
 
@@ -32,14 +32,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flexigpt.api import compress  # noqa: E402
-from flexigpt.artifacts import load_compressed, read_manifest  # noqa: E402
-from flexigpt.calibration import token_windows  # noqa: E402
-from flexigpt.fileio import atomic_write_text  # noqa: E402
-from flexigpt.manifest import Manifest  # noqa: E402
-from flexigpt.models.loading import load_model  # noqa: E402
-from flexigpt.perplexity import perplexity  # noqa: E402
-from flexigpt.registry import get_method  # noqa: E402
+from flexigpt.api.compression import compress  # noqa: E402
+from flexigpt.core.fileio import atomic_write_text  # noqa: E402
+from flexigpt.methods.calibration import token_windows  # noqa: E402
+from flexigpt.methods.perplexity import perplexity  # noqa: E402
+from flexigpt.storage.artifacts import load_compressed, read_manifest  # noqa: E402
+from flexigpt.storage.manifest import Manifest  # noqa: E402
+from flexigpt.storage.models.loading import load_model  # noqa: E402
+from flexigpt.storage.registry import get_method  # noqa: E402
 
 log = logging.getLogger("bench_baselines")
 
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def recover(model_dir: Path, args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     """Shared-trainer recovery of a saved model; returns the trained dir and its history."""
-    from flexigpt.training import TrainConfig, train_model
+    from flexigpt.runtime.training import TrainConfig, train_model
 
     out = model_dir.with_name(model_dir.name + "-recovered")
     cfg = TrainConfig(tokens=args.recover_tokens, seq_len=args.train_seq_len, micro_batch=8,

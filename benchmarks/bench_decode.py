@@ -1,7 +1,7 @@
 """Decoding cost of saved models: prefill, per-token decode latency, tokens/s, peak memory,
 and self-speculative decoding of FlexiGPT models against its bound.
 
-The protocol is :func:`flexigpt.generation.measure.measure_decode` (the one the DAG's
+The protocol is :func:`flexigpt.runtime.generation.measure.measure_decode` (the one the DAG's
 ``inference_cost`` rule uses for Tables 6/7, here at full size): all models resident in one
 process, measured interleaved (repeat → chunk of ``--batch-size`` prompts → model → run),
 medians over ``--repeats``; per model greedy decoding at batch 1 and ``--batch-size`` (EOS
@@ -11,9 +11,9 @@ and self-speculative decoding at each of ``--draft-lengths``: α, speed-up over 
 plain batch-1 decoding of the same model (and over transformers' ``generate``), the bound ``(1 − α^(k+1)) / ((1 − α)(k·c +
 1))``, speed-up / bound, and whether the greedy tokens equal plain decoding's. ``--merged``
 adds each FlexiGPT model with merged replacement weights (the opt-in merged-weights path,
-:mod:`flexigpt.generation.merged`), decoded plainly. ``--compile`` adds every model (merged
+:mod:`flexigpt.runtime.generation.merged`), decoded plainly. ``--compile`` adds every model (merged
 copies included) with a compiled decode step (``<label>+compiled``: the same weights, a static
-KV cache and ``torch.compile``, :func:`flexigpt.generation.generator.decode_compile_kwargs`),
+KV cache and ``torch.compile``, :func:`flexigpt.runtime.generation.generator.decode_compile_kwargs`),
 warmed up (compiled) before anything is timed; the table then also gives each compiled model's
 per-token latency over the first model's compiled one, and every variant says whether its
 greedy tokens equal its eager model's. The load average is printed at the start
@@ -48,16 +48,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flexigpt.artifacts import LoadedModel  # noqa: E402
-from flexigpt.fileio import atomic_write_text  # noqa: E402
-from flexigpt.generation import Generator, read_prompts  # noqa: E402
-from flexigpt.generation.measure import (  # noqa: E402
+from flexigpt.core.fileio import atomic_write_text  # noqa: E402
+from flexigpt.core.provenance import provenance  # noqa: E402
+from flexigpt.runtime.generation import Generator, read_prompts  # noqa: E402
+from flexigpt.runtime.generation.measure import (  # noqa: E402
     PAPER_SPECULATIVE_SPEEDUP,
     default_prompts,
     measure_decode,
 )
-from flexigpt.generation.merged import merge_replacement_linears  # noqa: E402
-from flexigpt.provenance import provenance  # noqa: E402
+from flexigpt.runtime.generation.merged import merge_replacement_linears  # noqa: E402
+from flexigpt.storage.artifacts import LoadedModel  # noqa: E402
 
 WIKI = ROOT / "resources" / "text" / "wiki"
 

@@ -4,7 +4,7 @@ the first (reference) model's, with a 95 % interval over rounds.
 ``bench_decode.py --compile`` takes a median over a few long repeats; on a shared machine one
 slow stretch moves a whole repeat, and its three repeats of the same pair gave 1.025, 1.131
 and 1.109. Here every **round** decodes the same ``--n-prompts`` prompts once with every
-model (compiled decode step, :func:`flexigpt.generation.generator.decode_compile_kwargs`;
+model (compiled decode step, :func:`flexigpt.runtime.generation.generator.decode_compile_kwargs`;
 greedy, EOS ignored, ``--max-new-tokens`` each), the order reversed every other round, so a
 slow stretch hits both sides of a pair. Per batch size and model: the median over rounds of
 the per-round ratio ``ms/token(model) / ms/token(reference)``, its 95 % percentile bootstrap
@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import held_out_text, warm_up  # noqa: E402
 
-from flexigpt.artifacts import load_compressed  # noqa: E402
-from flexigpt.fileio import atomic_write_text  # noqa: E402
-from flexigpt.generation import Generator, read_prompts  # noqa: E402
-from flexigpt.generation.measure import default_prompts  # noqa: E402
-from flexigpt.provenance import cpu_name  # noqa: E402
+from flexigpt.core.fileio import atomic_write_text  # noqa: E402
+from flexigpt.core.provenance import cpu_name  # noqa: E402
+from flexigpt.runtime.generation import Generator, read_prompts  # noqa: E402
+from flexigpt.runtime.generation.measure import default_prompts  # noqa: E402
+from flexigpt.storage.artifacts import load_compressed  # noqa: E402
 
 
 def paired_ratio(reference: list[float], other: list[float], n_boot: int = 10000,

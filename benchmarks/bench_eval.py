@@ -36,12 +36,12 @@ import torch
 from bench_train import macs_per_token, matmul_peak
 from torch.profiler import ProfilerActivity, profile
 
-from flexigpt.artifacts import load_compressed
-from flexigpt.evaluation.fast.lm import ATTENTION_MODES, max_abs_diff
-from flexigpt.evaluation.fast.packing import WorkCounts
-from flexigpt.evaluation.tasks import PAPER_TASKS, build_task, task_specs
-from flexigpt.evaluation.zeroshot import make_lm
-from flexigpt.fileio import atomic_write_text
+from flexigpt.core.fileio import atomic_write_text
+from flexigpt.runtime.evaluation.fast.lm import ATTENTION_MODES, max_abs_diff
+from flexigpt.runtime.evaluation.fast.packing import WorkCounts
+from flexigpt.runtime.evaluation.tasks import PAPER_TASKS, build_task, task_specs
+from flexigpt.runtime.evaluation.zeroshot import make_lm
+from flexigpt.storage.artifacts import load_compressed
 
 log = logging.getLogger("bench_eval")
 

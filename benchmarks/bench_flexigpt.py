@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from flexigpt.artifacts import load_compressed
-from flexigpt.calibration import token_windows
-from flexigpt.methods.prune import FlexiGPTConfig, compress
+from flexigpt.methods.calibration import token_windows
+from flexigpt.methods.flexigpt.prune import FlexiGPTConfig, compress
 from flexigpt.methods.sharing import FORWARD_MODES, set_forward_mode
-from flexigpt.models.loading import load_model
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.models.loading import load_model
 
 
 def paired_medians(fn_a: Callable[[], object], fn_b: Callable[[], object],

@@ -7,7 +7,7 @@ minus the RSS before the stage; the script re-executes itself with a fixed glibc
 threshold so that freed memory leaves the RSS) of:
 
 - ``block_influence``, ``truncation``, ``distances``, ``surgery_init``: FlexiGPT's stages
-  (:func:`flexigpt.methods.prune.compress`, its own ``info["timings"]``; one RSS peak for
+  (:func:`flexigpt.methods.flexigpt.prune.compress`, its own ``info["timings"]``; one RSS peak for
   the four);
 - ``slicegpt``, ``llm_pruner``: the baselines' whole compression at the same ratio;
 - ``train_step``: one optimizer step of the FlexiGPT recovery (recipe ``flexigpt``: LoRA +
@@ -57,8 +57,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flexigpt.generation.measure import PeakRSS  # noqa: E402
-from flexigpt.params import count_parameters  # noqa: E402
+from flexigpt.core.params import count_parameters  # noqa: E402
+from flexigpt.runtime.generation.measure import PeakRSS  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder's scaling_report
 from scaling_report import markdown, plot, write_outputs  # noqa: E402
@@ -136,7 +136,7 @@ def flexigpt_stages(model: torch.nn.Module, calib: torch.Tensor, ratio: float, r
                     svd: str = "exact") -> tuple[torch.nn.Module, dict[str, Any], dict]:
     """FlexiGPT compression of a copy with the ``svd`` solver: (model, info, per-stage
     figures)."""
-    from flexigpt.methods.prune import FlexiGPTConfig, compress
+    from flexigpt.methods.flexigpt.prune import FlexiGPTConfig, compress
 
     work = copy.deepcopy(model)
     cfg = FlexiGPTConfig(ratio=ratio, rank=rank, svd=svd)
@@ -154,7 +154,7 @@ def flexigpt_stages(model: torch.nn.Module, calib: torch.Tensor, ratio: float, r
 def baseline_stage(method: str, model: torch.nn.Module, calib: torch.Tensor,
                    ratio: float) -> dict[str, float]:
     """Whole compression of a copy of ``model`` by a registry method."""
-    from flexigpt.registry import get_method
+    from flexigpt.storage.registry import get_method
 
     spec = get_method(method)
     cfg = spec.make_config(ratio=ratio)
@@ -168,11 +168,11 @@ def train_step(model: torch.nn.Module, info: dict[str, Any], seq_len: int, micro
                vocab: int, steps: int = 3) -> dict[str, float]:
     """Seconds of one optimizer step of the FlexiGPT recovery (median of ``steps`` - 1 after
     a warm-up step) and the peak RSS rise over the run."""
-    from flexigpt.manifest import Manifest
-    from flexigpt.training.config import TrainConfig, resolve_plan
-    from flexigpt.training.data import WindowStream
-    from flexigpt.training.loop import run_loop
-    from flexigpt.training.recipes import apply_recipe
+    from flexigpt.runtime.training.config import TrainConfig, resolve_plan
+    from flexigpt.runtime.training.data import WindowStream
+    from flexigpt.runtime.training.loop import run_loop
+    from flexigpt.runtime.training.recipes import apply_recipe
+    from flexigpt.storage.manifest import Manifest
 
     cfg = TrainConfig(tokens=steps * micro_batch * seq_len, seq_len=seq_len,
                       micro_batch=micro_batch, global_batch=micro_batch, warmup=0,
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench_train import matmul_peak  # benchmarks/ is the script's folder, on sys.path
 
-    from flexigpt.provenance import cpu_name
+    from flexigpt.core.provenance import cpu_name
 
     figures = {
         "cpu": cpu_name(), "threads": args.threads,

@@ -4,7 +4,7 @@
 that run's own peak) and record wall time, peak RSS, RSS after loading, and peak RSS over
 the model's fp32 weight size.
 
-``quality``: for each parameter-reduction ratio, compress through ``flexigpt.api.compress``,
+``quality``: for each parameter-reduction ratio, compress through ``flexigpt.api.compression.compress``,
 reload with ``load_compressed`` and measure perplexity (``token_windows`` on the validation
 text, first ``--ppl-windows`` windows of ``--ppl-seq-len`` in file order), dense included;
 with ``--rft-tokens N`` also train with the shared trainer (``info.recovery``: the paper's
@@ -37,9 +37,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flexigpt.generation.measure import PeakRSS  # noqa: E402
-from flexigpt.params import count_parameters  # noqa: E402
-from flexigpt.provenance import cpu_name  # noqa: E402
+from flexigpt.core.params import count_parameters  # noqa: E402
+from flexigpt.core.provenance import cpu_name  # noqa: E402
+from flexigpt.runtime.generation.measure import PeakRSS  # noqa: E402
 
 log = logging.getLogger("bench_slicegpt")
 
@@ -52,10 +52,10 @@ def _peak_mib() -> float:
 def one_run(args: argparse.Namespace) -> dict[str, Any]:
     """Slice once in this process; report time and memory (called in a subprocess)."""
     from baselines.slicegpt.method import METHOD
-    from flexigpt.calibration import token_windows
-    from flexigpt.models.loading import load_model
+    from flexigpt.methods.calibration import token_windows
+    from flexigpt.storage.models.loading import load_model
 
-    model, tok = load_model(args.model, mapped=False)  # as flexigpt.api.compress loads it
+    model, tok = load_model(args.model, mapped=False)  # as flexigpt.api.compression.compress loads it
     weights_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     windows = token_windows(args.calibration, tok, args.seq_len, args.n[0], seed=args.seed)
     gc.collect()
@@ -103,11 +103,11 @@ def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from flexigpt.api import compress
-    from flexigpt.artifacts import load_compressed
-    from flexigpt.calibration import token_windows
-    from flexigpt.models.loading import load_model
-    from flexigpt.perplexity import perplexity
+    from flexigpt.api.compression import compress
+    from flexigpt.methods.calibration import token_windows
+    from flexigpt.methods.perplexity import perplexity
+    from flexigpt.storage.artifacts import load_compressed
+    from flexigpt.storage.models.loading import load_model
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_slicegpt-"))
     dense, tok = load_model(args.model)
@@ -143,10 +143,10 @@ def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def rft(model_dir: Path, out: Path, val: torch.Tensor, args: argparse.Namespace) -> dict[str, Any]:
     """Recovery fine-tuning by the shared trainer (recipe from the manifest), then perplexity."""
-    from flexigpt.artifacts import load_compressed
-    from flexigpt.manifest import Manifest
-    from flexigpt.perplexity import perplexity
-    from flexigpt.training import TrainConfig, train_model
+    from flexigpt.methods.perplexity import perplexity
+    from flexigpt.runtime.training import TrainConfig, train_model
+    from flexigpt.storage.artifacts import load_compressed
+    from flexigpt.storage.manifest import Manifest
 
     tcfg = TrainConfig(tokens=args.rft_tokens, seq_len=args.train_seq_len, micro_batch=4,
                        global_batch=8, checkpoint_every=0, eval_windows=8, seed=args.seed)
@@ -165,7 +165,7 @@ def rft_only(args: argparse.Namespace) -> list[dict[str, Any]]:
     """``rft`` mode: train already-compressed ``--model-dirs`` and measure them."""
     from transformers import AutoTokenizer
 
-    from flexigpt.calibration import token_windows
+    from flexigpt.methods.calibration import token_windows
 
     tok = AutoTokenizer.from_pretrained(args.model_dirs[0], trust_remote_code=False)
     val = token_windows(args.validation, tok, args.ppl_seq_len, args.ppl_windows)

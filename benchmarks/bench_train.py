@@ -4,7 +4,7 @@ Measures, in one run on this machine:
 
 1. the dense matmul peak: FLOP/s of a large ``torch.matmul`` (n × n by n × n, 2n³ FLOP) in
    fp32 and bf16;
-2. tokens/s of the real trainer loop (:func:`flexigpt.training.loop.run_loop`) for each
+2. tokens/s of the real trainer loop (:func:`flexigpt.runtime.training.loop.run_loop`) for each
    ``--methods`` entry on SmolLM2-135M compressed at ``--ratio``: ``flexigpt`` (recipe
    ``flexigpt``: LoRA + γ of the replacement blocks, base frozen) and ``shortgpt`` (ShortGPT +
    LoRA: recipe ``lora`` at FlexiGPT's trainable count, Table 1's pair), for each variant
@@ -51,17 +51,17 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flexigpt import memory  # noqa: E402
-from flexigpt.artifacts import load_compressed, read_manifest  # noqa: E402
-from flexigpt.calibration import token_windows  # noqa: E402
-from flexigpt.fileio import atomic_write_text  # noqa: E402
-from flexigpt.generation.measure import PeakRSS  # noqa: E402
+from flexigpt.core import memory  # noqa: E402
+from flexigpt.core.fileio import atomic_write_text  # noqa: E402
+from flexigpt.core.provenance import cpu_name  # noqa: E402
+from flexigpt.methods.calibration import token_windows  # noqa: E402
 from flexigpt.methods.lora import is_wrapper  # noqa: E402
-from flexigpt.provenance import cpu_name  # noqa: E402
-from flexigpt.training.config import TrainConfig, resolve_plan  # noqa: E402
-from flexigpt.training.data import WindowStream  # noqa: E402
-from flexigpt.training.loop import run_loop  # noqa: E402
-from flexigpt.training.recipes import apply_recipe  # noqa: E402
+from flexigpt.runtime.generation.measure import PeakRSS  # noqa: E402
+from flexigpt.runtime.training.config import TrainConfig, resolve_plan  # noqa: E402
+from flexigpt.runtime.training.data import WindowStream  # noqa: E402
+from flexigpt.runtime.training.loop import run_loop  # noqa: E402
+from flexigpt.runtime.training.recipes import apply_recipe  # noqa: E402
+from flexigpt.storage.artifacts import load_compressed, read_manifest  # noqa: E402
 
 log = logging.getLogger("bench_train")
 
@@ -92,7 +92,7 @@ def _linear_macs(module: torch.nn.Module) -> tuple[int, int]:
 def macs_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
     """Per-token MACs: all linears (each use), LoRA paths, attention scores, and the part of
     linears/attention that the backward pass runs through (first trainable block → head)."""
-    from flexigpt.models.adapters import get_adapter
+    from flexigpt.storage.models.adapters import get_adapter
 
     adapter = get_adapter(model)
     blocks = list(adapter.layers(model))
@@ -120,7 +120,7 @@ def ensure_compressed(method: str, model: str, text: str, ratio: float, out: Pat
     ``policy``: the block-count rule (``paper``: int(ratio · L); ``matched``: the count whose
     achieved ratio is nearest the target, ``match_ratio`` for a like-for-like baseline)."""
     if not (out / "manifest.json").is_file():
-        from flexigpt.api import compress
+        from flexigpt.api.compression import compress
 
         options: dict[str, Any] = {"ratio": ratio, "policy": policy}
         if match_ratio is not None:
@@ -210,7 +210,7 @@ def main() -> int:
                         "slows the run, large copies and softmaxes most: ~20x in our runs, "
                         "so read it for op counts and shapes; time parts with timers)")
     p.add_argument("--reuse-memory", choices=("on", "off", "both"), default="on",
-                   help="flexigpt.memory.reuse_freed_memory in the loop (the trainer's "
+                   help="flexigpt.core.memory.reuse_freed_memory in the loop (the trainer's "
                         "default: on); both: each run twice, off then on, interleaved")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--out", default="results/bench/bench_train.json")

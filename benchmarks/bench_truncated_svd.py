@@ -45,13 +45,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flexigpt.calibration import token_windows  # noqa: E402
-from flexigpt.fileio import atomic_write_text  # noqa: E402
-from flexigpt.methods.base_selection import candidate_distances, truncations  # noqa: E402
+from flexigpt.core.fileio import atomic_write_text  # noqa: E402
+from flexigpt.core.provenance import cpu_name  # noqa: E402
+from flexigpt.methods.calibration import token_windows  # noqa: E402
+from flexigpt.methods.flexigpt.base_selection import candidate_distances, truncations  # noqa: E402
 from flexigpt.methods.surgery import default_rank  # noqa: E402
 from flexigpt.methods.truncated_svd import top_svd  # noqa: E402
-from flexigpt.models.adapters import get_adapter  # noqa: E402
-from flexigpt.provenance import cpu_name  # noqa: E402
+from flexigpt.storage.models.adapters import get_adapter  # noqa: E402
 
 SOLVERS = ("exact", "randomized")
 
@@ -145,7 +145,7 @@ def shape_margins(shape: str, ratio: float) -> dict[str, Any]:
 
     from bench_scaling import SHAPES, random_model
 
-    from flexigpt.methods.prune import FlexiGPTConfig, compress
+    from flexigpt.methods.flexigpt.prune import FlexiGPTConfig, compress
 
     model = random_model(shape, 0)
     calib = torch.randint(SHAPES[shape][5], (4, 256), generator=torch.Generator().manual_seed(0))
@@ -159,8 +159,8 @@ def choices(model: torch.nn.Module, calib: torch.Tensor, ratios: list[float]) ->
     """Step 3: FlexiGPT's choices with each solver at each ratio."""
     import copy
 
-    from flexigpt.block_influence import block_influence
-    from flexigpt.methods.prune import FlexiGPTConfig, compress
+    from flexigpt.methods.block_influence import block_influence
+    from flexigpt.methods.flexigpt.prune import FlexiGPTConfig, compress
 
     scores = [float(s) for s in block_influence(model, calib)]
     out = []
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from bench_scaling import random_model  # the same random shapes
 
-    from flexigpt.models.loading import load_model
+    from flexigpt.storage.models.loading import load_model
 
     figures: dict[str, Any] = {"threads": args.threads, "cpu": cpu_name(),
                                "load_average_start": os.getloadavg(),

@@ -33,7 +33,7 @@ import json
 import sys
 from pathlib import Path
 
-from flexigpt.fileio import atomic_write_text
+from flexigpt.core.fileio import atomic_write_text
 
 #: the bench_train method whose recipe each of the DAG's recovered methods trains
 BENCH_METHOD = {"flexigpt": "flexigpt", "shortgpt_lora": "shortgpt"}

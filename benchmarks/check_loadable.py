@@ -30,8 +30,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flexigpt.artifacts import load_compressed  # noqa: E402
-from flexigpt.evaluation.results import load_records  # noqa: E402
+from flexigpt.runtime.evaluation.results import load_records  # noqa: E402
+from flexigpt.storage.artifacts import load_compressed  # noqa: E402
 
 
 def main() -> int:
@@ -67,7 +67,7 @@ def main() -> int:
                               "--out", f"{tmp}/plain"], capture_output=True, text=True)
         report["export"] = {"rc": out.returncode,
                             "message": (out.stdout + out.stderr).strip().splitlines()[-1:]}
-        from flexigpt.evaluation.lm_eval_tasks import write_task_yamls
+        from flexigpt.runtime.evaluation.lm_eval_tasks import write_task_yamls
 
         write_task_yamls(args.benchmarks, f"{tmp}/tasks")
         cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",

@@ -101,8 +101,8 @@ def _model_and_windows(family: str, args: argparse.Namespace) -> tuple[Any, torc
     """A random tiny model of ``family`` and random token windows, or (``family`` = ``model``)
     the checkpoint ``--model`` and windows of ``--text``."""
     if family == "model":
-        from flexigpt.calibration import token_windows
-        from flexigpt.models.loading import load_model
+        from flexigpt.methods.calibration import token_windows
+        from flexigpt.storage.models.loading import load_model
 
         model, tok = load_model(args.model)
         return model, token_windows(args.text, tok, args.seq_len, args.windows, seed=args.seed)

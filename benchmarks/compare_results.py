@@ -1,7 +1,7 @@
 """Paired A − B intervals of two evaluations of the same documents and windows.
 
 Reads two result JSONs (``eval_final.json`` / ``eval_start.json`` of any run, with their
-per-document records) and prints, with :func:`flexigpt.stats.compare_runs` (the engine of the
+per-document records) and prints, with :func:`flexigpt.core.stats.compare_runs` (the engine of the
 tables' ``comparisons.md``: same bootstrap, same numbers): the log-perplexity difference in
 nats, each task's accuracy difference and the task average in points, each with its 95 %
 paired interval over documents (windows), and each run's own perplexity and average. Use it
@@ -11,7 +11,7 @@ for a pair the tables do not list, e.g. one option against the default setting::
         results/smollm2-135m/flexigpt/svd_randomized/r0.3/eval_final.json \\
         results/smollm2-135m/flexigpt/default/r0.3/eval_final.json --out diff.json
 
-Raises :class:`flexigpt.stats.PairingError` when the runs scored different documents.
+Raises :class:`flexigpt.core.stats.PairingError` when the runs scored different documents.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flexigpt import stats
-from flexigpt.evaluation.results import load_records
-from flexigpt.fileio import atomic_write_text
+from flexigpt.core import stats
+from flexigpt.core.fileio import atomic_write_text
+from flexigpt.runtime.evaluation.results import load_records
 
 
 def _interval(iv: stats.Interval | None, scale: float) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flexigpt.fileio import atomic_write_text
+from flexigpt.core.fileio import atomic_write_text
 
 
 def write_outputs(path: Path, figures: dict[str, Any]) -> None:

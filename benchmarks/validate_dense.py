@@ -4,7 +4,7 @@ next to its published model card.
 Two scorers on the same documents (the local task files, lm-eval's own prompts and
 metrics): **stock** is the ``lm_eval`` command line, ``--model hf`` in fp32, in its own
 process (no harness code in the path: the harness only writes the YAML files that point
-lm-eval's built-in task configs at the local data, ``flexigpt.evaluation.lm_eval_tasks``);
+lm-eval's built-in task configs at the local data, ``flexigpt.runtime.evaluation.lm_eval_tasks``);
 **harness** is ``flexigpt evaluate`` (the fast prefix-sharing scorer, fp32). Both keep their
 per-document outcomes; each accuracy gets a 95 % bootstrap interval over documents, the two
 scorers are compared document by document, and each is set beside the card's number with
@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from flexigpt.evaluation.lm_eval_tasks import write_task_yamls
-from flexigpt.fileio import atomic_write_text
-from flexigpt.stats.intervals import diff_interval, mean_interval
+from flexigpt.core.fileio import atomic_write_text
+from flexigpt.core.stats.intervals import diff_interval, mean_interval
+from flexigpt.runtime.evaluation.lm_eval_tasks import write_task_yamls
 
 log = logging.getLogger("validate_dense")
 

@@ -16,25 +16,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below, imported on first use (PEP 562): no torch for light commands
-    from flexigpt.api import compress
-    from flexigpt.artifacts import LoadedModel, load_compressed
+    from flexigpt.api.compression import compress
+    from flexigpt.core.fileio import CheckpointError
+    from flexigpt.core.params import count_parameters
     from flexigpt.export.publish import publish_compressed
     from flexigpt.export.publish import publish_compressed as save_compressed
-    from flexigpt.fileio import CheckpointError
-    from flexigpt.manifest import Manifest
-    from flexigpt.models import load_model
-    from flexigpt.params import count_parameters
+    from flexigpt.storage.artifacts import LoadedModel, load_compressed
+    from flexigpt.storage.manifest import Manifest
+    from flexigpt.storage.models import load_model
 
 #: public name → (module, attribute), imported when first read.
-_LAZY = {"compress": ("flexigpt.api", "compress"),
-         "LoadedModel": ("flexigpt.artifacts", "LoadedModel"),
-         "load_compressed": ("flexigpt.artifacts", "load_compressed"),
+_LAZY = {"compress": ("flexigpt.api.compression", "compress"),
+         "LoadedModel": ("flexigpt.storage.artifacts", "LoadedModel"),
+         "load_compressed": ("flexigpt.storage.artifacts", "load_compressed"),
          "publish_compressed": ("flexigpt.export.publish", "publish_compressed"),
          "save_compressed": ("flexigpt.export.publish", "publish_compressed"),
-         "CheckpointError": ("flexigpt.fileio", "CheckpointError"),
-         "Manifest": ("flexigpt.manifest", "Manifest"),
-         "load_model": ("flexigpt.models", "load_model"),
-         "count_parameters": ("flexigpt.params", "count_parameters")}
+         "CheckpointError": ("flexigpt.core.fileio", "CheckpointError"),
+         "Manifest": ("flexigpt.storage.manifest", "Manifest"),
+         "load_model": ("flexigpt.storage.models", "load_model"),
+         "count_parameters": ("flexigpt.core.params", "count_parameters")}
 
 __version__ = "0.1.0"
 __all__ = ["CheckpointError", "LoadedModel", "Manifest", "compress", "count_parameters",

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from flexigpt.resources import LAYOUT, TINY, WIKI_TRAIN, build_resource
-from flexigpt.resources.wiki import build_wiki_text
+from flexigpt.runtime.resources import LAYOUT, TINY, WIKI_TRAIN, build_resource
+from flexigpt.runtime.resources.wiki import build_wiki_text
 
 WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "are", "were", "be", "this", "which", "an", "it", "or", "had", "first", "new", "after", "also", "time", "year", "city", "river", "king", "war", "world", "part", "music", "film", "game", "team", "state", "people", "church", "school", "water", "system", "large", "small", "early", "north", "south", "famous", "history", "modern", "language", "island", "empire", "science"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,11 +40,11 @@ def without_keys(value, keys):
 
 def manifest_for(method: str = "dense", structure: dict | None = None,
                  info: dict | None = None, model=None, **kw):
-    """A :class:`flexigpt.manifest.Manifest` for a test save: ``Manifest.new`` with test
+    """A :class:`flexigpt.storage.manifest.Manifest` for a test save: ``Manifest.new`` with test
     defaults (``kw`` overrides them: ``config``, ``base_model``, ``dense_params``, ...); the
     parameter counts are ``model``'s when given."""
-    from flexigpt.manifest import Manifest
-    from flexigpt.params import count_parameters
+    from flexigpt.core.params import count_parameters
+    from flexigpt.storage.manifest import Manifest
 
     n = count_parameters(model) if model is not None else 1
     args = {"config": {}, "base_model": "tiny-random", "dense_params": n,
@@ -131,10 +131,10 @@ def write_fake_summaries(path: Path, n_articles: int = 400, seed: int = 0) -> Pa
 def build_tiny_resources(root: Path, n_articles: int = 400, n_task_docs: int = 8) -> Path:
     """The ``resources/`` tree of ``config/smoke.yaml`` at ``root``, offline, in seconds.
 
-    ``text/wiki`` comes from the wiki builder (:func:`flexigpt.resources.wiki
+    ``text/wiki`` comes from the wiki builder (:func:`flexigpt.runtime.resources.wiki
     .build_wiki_text`) fed :func:`write_fake_summaries` instead of the pinned wheel;
     ``benchmarks`` from :func:`write_fake_benchmarks` (``n_task_docs`` per split); the tiny
-    models from :func:`flexigpt.resources.build_resource` on that wiki train text, what
+    models from :func:`flexigpt.runtime.resources.build_resource` on that wiki train text, what
     ``flexigpt fetch tiny-llama`` / ``tiny-opt`` and the DAG's ``fetch_tiny_model`` rule
     run. Built in that order (the models are newer than the text they were trained on),
     so a DAG run on this tree rebuilds none of it. Returns ``root``.
@@ -308,9 +308,9 @@ def run_script(name: str, tmp_path: Path, monkeypatch, *, params: dict, inputs: 
     """``workflow/scripts/<name>.py`` with a Snakemake-like ``snakemake`` global; an input may
     be one path or a list of paths (a rule's ``expand``); ``config``: the workflow's config
     (default: empty)."""
-    import flexigpt.workflow_support
+    import flexigpt.workflow.support
 
-    monkeypatch.setattr(flexigpt.workflow_support, "script_logging",  # keep pytest's stderr and logging
+    monkeypatch.setattr(flexigpt.workflow.support, "script_logging",  # keep pytest's stderr and logging
                         lambda log, threads=None: __import__("logging").getLogger("test"))
     job = Named(log=[str(tmp_path / f"{name}.log")], threads=1, params=Named(params),
                 input=Named({k: [str(p) for p in v] if isinstance(v, (list, tuple)) else str(v)

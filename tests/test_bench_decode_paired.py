@@ -36,7 +36,7 @@ def test_paired_ratio():
 
 
 def test_smoke_run(tmp_path, tiny_tokenizer, monkeypatch):
-    import flexigpt.generation.generator as generator
+    import flexigpt.runtime.generation.generator as generator
 
     monkeypatch.setattr(generator, "COMPILE_BACKEND", "eager")
     torch._dynamo.reset()

@@ -15,12 +15,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from flexigpt.dag import RunGrid, step_tokens
-from flexigpt.evaluation.results import write_records
+from flexigpt.runtime.evaluation.results import write_records
+from flexigpt.runtime.training.config import TrainConfig, curve_every_steps
+from flexigpt.runtime.training.loop import lr_factor
 from flexigpt.tables import curves
 from flexigpt.tables.budget import build_budget
-from flexigpt.training.config import TrainConfig, curve_every_steps
-from flexigpt.training.loop import lr_factor
+from flexigpt.workflow.dag import RunGrid, step_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "smollm2-135m-budget"
@@ -357,9 +357,9 @@ def test_default_config_grid_is_unchanged():
     """The default config's runs, paths and every job parameter are what they were before
     the budget axis (tests/fixtures/default_grid.json, written from the code before it); the
     only new parameter is the trainer's ``eval_every``, which never changes a trajectory
-    (flexigpt.training.runner._NOT_TRAJECTORY) and for this config evaluates only at the
+    (flexigpt.runtime.training.runner._NOT_TRAJECTORY) and for this config evaluates only at the
     end of each 16-step run (every 16 steps)."""
-    from flexigpt.training.runner import _NOT_TRAJECTORY
+    from flexigpt.runtime.training.runner import _NOT_TRAJECTORY
 
     golden = json.loads((ROOT / "tests/fixtures/default_grid.json").read_text())
     grid = RunGrid.from_config(load("config/config.yaml"))
@@ -492,7 +492,7 @@ def test_a_sitting_stops_chosen_runs_below_the_top_and_changes_nothing_else():
     """``budget.until`` (config/overlays/budget-sitting1.yaml) leaves out the chosen runs'
     larger points only: every other run of the grid, and its parameters, are those of the
     full ladder, so the next sitting resumes into the same results folder."""
-    from flexigpt.commands.run import merged_config
+    from flexigpt.cli.commands.run import merged_config
 
     full = budget_grid()
     sitting = RunGrid.from_config(merged_config(

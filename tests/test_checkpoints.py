@@ -16,14 +16,14 @@ import pytest
 import torch
 from conftest import WORDS, make_model, manifest_for
 
-from flexigpt.artifacts import load_compressed
 from flexigpt.cli import main as cli_main
+from flexigpt.core.params import count_parameters
 from flexigpt.export.card import write_model_card
 from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.methods.sharing import SharedLoRALinear
-from flexigpt.models.checkpoint_format import KEY, MODEL_TYPE, MODELING_FILE
-from flexigpt.params import count_parameters
-from flexigpt.registry import get_method
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.models.checkpoint_format import KEY, MODEL_TYPE, MODELING_FILE
+from flexigpt.storage.registry import get_method
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -70,7 +70,7 @@ def _perturb_adapters(model: torch.nn.Module) -> None:
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, tiny_tokenizer, text_file) -> dict[str, Path]:
     """Every case compressed and saved once (two also trained and saved again)."""
-    from flexigpt.training import TrainConfig, train_loaded
+    from flexigpt.runtime.training import TrainConfig, train_loaded
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -242,7 +242,7 @@ def test_lm_eval_hflm_with_remote_code_matches_harness(saved, name):
     pytest.importorskip("lm_eval")
     from lm_eval.models.huggingface import HFLM
 
-    from flexigpt.evaluation.zeroshot import make_lm
+    from flexigpt.runtime.evaluation.zeroshot import make_lm
 
     stock = HFLM(pretrained=str(saved[name]), trust_remote_code=True, device="cpu",
                  dtype="float32", batch_size=4, add_bos_token=False)
@@ -282,9 +282,9 @@ def test_stock_lm_eval_cli_on_local_tasks_matches_harness(saved, tmp_path, monke
     pytest.importorskip("lm_eval")
     import lm_eval
 
-    from flexigpt.evaluation.lm_eval_tasks import write_task_yamls
-    from flexigpt.evaluation.tasks import build_task, local_config, task_manager
-    from flexigpt.evaluation.zeroshot import SEEDS, make_lm
+    from flexigpt.runtime.evaluation.lm_eval_tasks import write_task_yamls
+    from flexigpt.runtime.evaluation.tasks import build_task, local_config, task_manager
+    from flexigpt.runtime.evaluation.zeroshot import SEEDS, make_lm
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from flexigpt.block_count import counts_blocks
 from flexigpt.cli import main as cli_main
-from flexigpt.registry import METHODS, get_method
+from flexigpt.methods.block_count import counts_blocks
+from flexigpt.storage.registry import METHODS, get_method
 
 
 def cli(capsys, *argv: str) -> tuple[int, str]:
@@ -70,7 +70,7 @@ def test_generation_past_the_models_positions_is_refused_with_the_estimate(
 
 
 def test_warmup_longer_than_the_run_is_refused():
-    from flexigpt.training import TrainConfig
+    from flexigpt.runtime.training import TrainConfig
 
     with pytest.raises(ValueError, match=r"warmup of 100 steps is longer than the whole run "
                                          r"\(2 optimizer steps"):
@@ -97,7 +97,7 @@ def test_train_with_nothing_to_train_exits_2(tmp_path, capsys, tiny_checkpoint, 
 
 @pytest.mark.usefixtures("single_thread")
 def test_a_lora_budget_below_rank_one_is_refused(tmp_path, tiny_checkpoint, text_file):
-    from flexigpt.training import TrainConfig, train_model
+    from flexigpt.runtime.training import TrainConfig, train_model
 
     cfg = TrainConfig(tokens=64, seq_len=16, micro_batch=2, global_batch=2, recipe="lora",
                       lora_budget=1, eval_windows=None)
@@ -110,7 +110,7 @@ def test_a_lora_budget_below_rank_one_is_refused(tmp_path, tiny_checkpoint, text
 def test_a_kd_teacher_with_another_tokenizer_is_refused(text_file, tiny_tokenizer):
     from conftest import make_tokenizer
 
-    from flexigpt.training.runner import check_same_tokenizer
+    from flexigpt.runtime.training.runner import check_same_tokenizer
 
     check_same_tokenizer(tiny_tokenizer, tiny_tokenizer, "same")
     other = make_tokenizer(text_file.read_text(), vocab_size=200)
@@ -176,8 +176,8 @@ def test_one_ratio_rule_for_every_method(tmp_path, capsys, tiny_checkpoint, text
 def test_a_width_method_that_misses_is_refused_after_compressing():
     """check_achieved: the ratio rule for the methods without a block count, judged on what
     they achieved (nothing is written yet); accepted with the flag."""
-    from flexigpt.api import check_achieved
-    from flexigpt.block_count import RatioOutOfReach
+    from flexigpt.api.ratios import check_achieved
+    from flexigpt.methods.block_count import RatioOutOfReach
 
     width = next(m for m in METHODS if METHODS[m].block_count is None
                  and get_method(m).ratio_curve is None and m != "dense"
@@ -193,7 +193,7 @@ def test_a_width_method_that_misses_is_refused_after_compressing():
 
 
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
-    import flexigpt.commands.tables as tables
+    import flexigpt.cli.commands.tables as tables
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -210,10 +210,10 @@ def test_extension_estimate_matches_the_built_model_and_refuses_what_cannot_fit(
     refused with it, before anything is built."""
     from conftest import make_model
 
-    from flexigpt.commands.extend import check_fits
-    from flexigpt.methods.extend import ExtendConfig, extension_parameters
-    from flexigpt.methods.extend import compress as extend
-    from flexigpt.params import count_parameters
+    from flexigpt.cli.commands.extend import check_fits
+    from flexigpt.core.params import count_parameters
+    from flexigpt.methods.flexigpt.extend import ExtendConfig, extension_parameters
+    from flexigpt.methods.flexigpt.extend import compress as extend
 
     model = make_model()
     estimate = extension_parameters(model, 6)
@@ -273,7 +273,7 @@ def test_a_match_ratio_out_of_reach_is_named_as_match_ratio(tmp_path, capsys, ti
 def test_a_sharded_index_without_its_shards_beside_a_bin_is_named(tmp_path, tiny_checkpoint):
     """Not FileNotFoundError …safetensors: the index names missing shards, and the pickled
     weights beside it are not loaded."""
-    from flexigpt.models.loading import ModelLoadError, refuse_pickled_weights
+    from flexigpt.storage.models.loading import ModelLoadError, refuse_pickled_weights
 
     model = tmp_path / "m"
     model.mkdir()

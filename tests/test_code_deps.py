@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flexigpt.code_deps import ROOT, closure, rule_code_version
+from flexigpt.core.code_deps import ROOT, closure, rule_code_version
 
 SCRIPTS = ROOT / "workflow" / "scripts"
 RULES = ("compress", "train", "evaluate", "inference", "block_influence", "tables")
@@ -27,7 +27,7 @@ def test_closure_follows_imports_registry_strings_and_parents():
     compress = _rel(closure(SCRIPTS / "compress.py"))
     # methods are loaded by name ("baselines.slicegpt.method:METHOD" in the registry)
     assert {"baselines/slicegpt/method.py", "baselines/llm_pruner/method.py",
-            "flexigpt/methods/prune.py", "flexigpt/export/modeling_flexigpt_compressed.py"} \
+            "flexigpt/methods/flexigpt/prune.py", "flexigpt/export/modeling_flexigpt_compressed.py"} \
         <= compress
     for rule in ("compress", "train", "evaluate", "block_influence"):
         assert "flexigpt/tables/plots.py" not in _rel(closure(SCRIPTS / f"{rule}.py")), rule
@@ -53,7 +53,7 @@ def test_editing_a_plot_reruns_only_the_tables(tmp_path):
         fh.write("\n# an edit\n")
     after = _versions(root)
     assert [r for r in RULES if after[r] != before[r]] == ["tables"]
-    with open(root / "flexigpt/evaluation/fast/lm.py", "a") as fh:  # the fast scorer
+    with open(root / "flexigpt/runtime/evaluation/fast/lm.py", "a") as fh:  # the fast scorer
         fh.write("\n# an edit\n")
     again = _versions(root)
     assert {r for r in RULES if again[r] != after[r]} == {"evaluate", "inference", "tables"}
@@ -66,8 +66,8 @@ PROBE = r"""
 import json, sys, torch
 sys.path.insert(0, {tests!r})
 from conftest import make_model, make_tokenizer, make_text
-from flexigpt.api import compress
-from flexigpt.registry import METHODS
+from flexigpt.api.compression import compress
+from flexigpt.storage.registry import METHODS
 text = {text!r}
 tok = make_tokenizer(open(text).read())
 ckpt = {ckpt!r}

@@ -39,7 +39,7 @@ def test_equals_the_reference_comparison(tmp_path):
 
 def test_unpaired_runs_are_refused_and_missing_records_named():
     """The thorough run scored 1,000 documents per task, the default run 100: no pairing."""
-    from flexigpt.stats import PairingError
+    from flexigpt.core.stats import PairingError
 
     module = _load()
     a = RUNS / "flexigpt" / "default" / "r0.3" / "eval_final.json"

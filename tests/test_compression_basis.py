@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import make_model
 
-from flexigpt.api import compress
-from flexigpt.compression_basis import achieved_ratios, embedding_parameters, to_total
-from flexigpt.params import count_parameters
+from flexigpt.api.compression import compress
+from flexigpt.core.params import count_parameters
+from flexigpt.methods.compression_basis import achieved_ratios, embedding_parameters, to_total
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -100,8 +100,8 @@ def test_dag_passes_the_basis_and_refuses_it_for_slicegpt(monkeypatch):
 
     import yaml
 
-    from flexigpt.config_check import ConfigError
-    from flexigpt.dag import RunGrid
+    from flexigpt.workflow.config_check import ConfigError
+    from flexigpt.workflow.dag import RunGrid
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)

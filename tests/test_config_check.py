@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flexigpt.config_check import ConfigError
-from flexigpt.dag import RunGrid
+from flexigpt.workflow.config_check import ConfigError
+from flexigpt.workflow.dag import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
@@ -48,7 +48,7 @@ def test_every_overlay_is_listed():
 
 @pytest.mark.parametrize("overlay,base", sorted(OVERLAYS.items()))
 def test_shipped_overlays_pass_over_their_config(overlay, base):
-    from flexigpt.commands.run import merged_config
+    from flexigpt.cli.commands.run import merged_config
 
     RunGrid.from_config(merged_config([str(ROOT / base), str(ROOT / overlay)]))
 
@@ -84,9 +84,9 @@ def test_bad_option_names_run_key_and_problem(mutate, run, where, problem):
 
 
 def test_rank_that_cannot_compress_uses_the_compress_bound(resources_workdir):
-    from flexigpt.methods.prune import FlexiGPTConfig
+    from flexigpt.methods.flexigpt.prune import FlexiGPTConfig
     from flexigpt.methods.surgery import check_flexigpt_rank
-    from flexigpt.models.loading import load_model
+    from flexigpt.storage.models.loading import load_model
 
     message = grid_error(lambda c: c["methods"]["flexigpt"]["variants"]["lora_all"]["options"]
                          .update(rank=5000))
@@ -187,7 +187,7 @@ def test_method_that_cannot_handle_the_family_is_refused_at_dag_build(tmp_path, 
 
     from transformers import OPTConfig, OPTForCausalLM
 
-    from flexigpt.registry import METHODS
+    from flexigpt.storage.registry import METHODS
 
     path = tmp_path / "tiny-opt"
     OPTForCausalLM(OPTConfig(vocab_size=300, hidden_size=64, num_hidden_layers=4, ffn_dim=128,

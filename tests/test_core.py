@@ -9,14 +9,19 @@ import pytest
 import torch
 from conftest import make_model, manifest_for
 
-from flexigpt.artifacts import load_compressed
-from flexigpt.block_influence import block_influence, lowest_blocks
-from flexigpt.calibration import CalibrationDataError, token_windows
+from flexigpt.core.fileio import CheckpointError
+from flexigpt.core.params import count_parameters
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.fileio import CheckpointError
-from flexigpt.models import ModelLoadError, UnsupportedArchitectureError, get_adapter, load_model
-from flexigpt.params import count_parameters
-from flexigpt.registry import METHODS, UnknownMethodError, get_method, validate_ratio
+from flexigpt.methods.block_influence import block_influence, lowest_blocks
+from flexigpt.methods.calibration import CalibrationDataError, token_windows
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.models import (
+    ModelLoadError,
+    UnsupportedArchitectureError,
+    get_adapter,
+    load_model,
+)
+from flexigpt.storage.registry import METHODS, UnknownMethodError, get_method, validate_ratio
 
 
 @pytest.mark.parametrize("family,kv", [("llama", 4), ("llama", 2), ("mistral", 2), ("qwen2", 2)])
@@ -84,7 +89,7 @@ def test_release_freed_memory_trims_the_c_heap():
     """glibc's malloc_trim is found and called where the C library has it (Linux, glibc)."""
     import platform
 
-    from flexigpt.memory import release_freed_memory
+    from flexigpt.core.memory import release_freed_memory
 
     has_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert release_freed_memory() is has_glibc
@@ -95,7 +100,7 @@ def test_reuse_freed_memory_nests_and_restores(monkeypatch):
     it (even by an exception), and the switch turns it off."""
     import platform
 
-    from flexigpt import memory
+    from flexigpt.core import memory
 
     calls: list[tuple] = []
 
@@ -157,9 +162,9 @@ def test_registry():
 
 def test_registry_owns_the_method_facts():
     """The DAG, the tables and the decoders read their method facts from registry.METHODS."""
-    from flexigpt.dag import BI_METHODS, Run
-    from flexigpt.generation import SPECULATIVE_METHODS
+    from flexigpt.runtime.generation import SPECULATIVE_METHODS
     from flexigpt.tables.labels import METHOD_LABELS, METHOD_ORDER
+    from flexigpt.workflow.dag import BI_METHODS, Run
 
     assert list(METHODS) == METHOD_ORDER and set(METHOD_LABELS.values()) == {
         f.label for f in METHODS.values()}
@@ -174,14 +179,14 @@ def test_registry_owns_the_method_facts():
         run = Run(model="m", method=name, variant="default", setting="r0.3")
         assert run.needs_calibration == facts.calibration
         assert run.uses_block_influence == facts.block_influence
-    from flexigpt.models.adapters import ADAPTERS
-    from flexigpt.registry import ALL_FAMILIES
+    from flexigpt.storage.models.adapters import ADAPTERS
+    from flexigpt.storage.registry import ALL_FAMILIES
 
     assert set(ALL_FAMILIES) == {a.family for a in ADAPTERS.values()}
     for name, f in METHODS.items():  # every known family: handled, or refused with a reason
         assert set(f.families) | {fam for fam, _ in f.family_refusals} == set(ALL_FAMILIES), name
         assert not set(f.families) & {fam for fam, _ in f.family_refusals}, name
-    from flexigpt.registry import methods_with
+    from flexigpt.storage.registry import methods_with
 
     assert methods_with("timed") == ("dense", "shortgpt", "replaceme", "streamline", "flexigpt",
                                      "flexigpt_extend")
@@ -255,7 +260,7 @@ def test_block_influence_matches_hidden_states(tiny_model):
 
 
 def test_perplexity_matches_hf_loss(tiny_model):
-    from flexigpt.perplexity import perplexity
+    from flexigpt.methods.perplexity import perplexity
     ids = torch.randint(3, 300, (4, 16))
     ppl = perplexity(tiny_model, ids, batch_size=3)
     loss = tiny_model(ids, labels=ids).loss
@@ -263,7 +268,7 @@ def test_perplexity_matches_hf_loss(tiny_model):
 
 
 def test_one_manifest_builder():
-    from flexigpt.manifest import KEYS, PROVENANCE_KEYS, Manifest
+    from flexigpt.storage.manifest import KEYS, PROVENANCE_KEYS, Manifest
 
     m = Manifest.new("dense", config={}, base_model="x", structure={}, info={},
                      dense_params=10, compressed_params=7, calibration=None, seed=3,

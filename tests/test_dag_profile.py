@@ -39,10 +39,10 @@ SNAKEMAKE_LOG = textwrap.dedent("""\
     Finished jobid: 2 (Rule: train)
     """)
 TRAIN_LOG = textwrap.dedent("""\
-    2026-12-06 12:02:00,000 INFO flexigpt.training.tuning: trial t0: rung at step 6 after 60.0s of training
-    2026-12-06 12:03:00,000 INFO flexigpt.training.tuning: trial t1: rung at step 6 after 70.0s of training
-    2026-12-06 12:10:00,000 INFO flexigpt.training.runner: trained 16 steps, 32768 tokens in 300.0s; held-out ppl 1 -> 2
-    2026-12-06 12:10:01,000 INFO flexigpt.training.tuning: chose trial 0 of 2 (lr 0.004)
+    2026-12-06 12:02:00,000 INFO flexigpt.runtime.training.tuning: trial t0: rung at step 6 after 60.0s of training
+    2026-12-06 12:03:00,000 INFO flexigpt.runtime.training.tuning: trial t1: rung at step 6 after 70.0s of training
+    2026-12-06 12:10:00,000 INFO flexigpt.runtime.training.runner: trained 16 steps, 32768 tokens in 300.0s; held-out ppl 1 -> 2
+    2026-12-06 12:10:01,000 INFO flexigpt.runtime.training.tuning: chose trial 0 of 2 (lr 0.004)
     """)
 
 
@@ -50,8 +50,8 @@ def test_jobs_compute_and_critical_path(tmp_path: Path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs/train.log").write_text(TRAIN_LOG)
     (tmp_path / "logs/compress.log").write_text(
-        "2026-12-06 12:00:30,000 INFO flexigpt.evaluation.results: perplexity 9.0 over 4 × 8 "
-        "tokens (12.5 s)\n2026-12-06 12:00:40,000 INFO flexigpt.evaluation.zeroshot: piqa: "
+        "2026-12-06 12:00:30,000 INFO flexigpt.runtime.evaluation.results: perplexity 9.0 over 4 × 8 "
+        "tokens (12.5 s)\n2026-12-06 12:00:40,000 INFO flexigpt.runtime.evaluation.zeroshot: piqa: "
         "acc = 0.6000 ± 0.0100 (1000 docs, 20.0 s)\n")
     log = tmp_path / "run.snakemake.log"
     log.write_text(SNAKEMAKE_LOG)

@@ -2,7 +2,7 @@
 
 The DAG's config ``device`` is put in every job's params (grid test), and every workflow
 script, run here as Snakemake runs it (``snakemake`` object in its globals), hands it to the
-place where its step resolves a device (``flexigpt.devices.resolve_device``). A spy
+place where its step resolves a device (``flexigpt.core.devices.resolve_device``). A spy
 replaces that function: it records each request and places the sentinel ``cuda:7`` on the
 CPU, so a step that ignored the setting would never ask for ``cuda:7`` and the test fails;
 every output then records the device its step really ran on.
@@ -17,7 +17,7 @@ import pytest
 import yaml
 from conftest import run_script
 
-from flexigpt import devices
+from flexigpt.core import devices
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTINEL = "cuda:7"
@@ -55,8 +55,8 @@ def test_check_and_resolve():
 
 
 def test_bad_device_fails_at_the_config_edge(tiny_checkpoint):
-    from flexigpt.models.loading import load_model
-    from flexigpt.training import TrainConfig
+    from flexigpt.runtime.training import TrainConfig
+    from flexigpt.storage.models.loading import load_model
 
     with pytest.raises(ValueError, match="device must be"):
         TrainConfig(device="gpu")
@@ -65,7 +65,7 @@ def test_bad_device_fails_at_the_config_edge(tiny_checkpoint):
 
 
 def test_grid_puts_the_device_in_every_job():
-    from flexigpt.dag import RunGrid
+    from flexigpt.workflow.dag import RunGrid
 
     cfg = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
     cfg["device"] = SENTINEL
@@ -88,7 +88,7 @@ def test_grid_puts_the_device_in_every_job():
 
 def test_every_workflow_step_runs_on_the_configured_device(
         tiny_checkpoint, text_file, tmp_path, monkeypatch, requested):
-    from flexigpt.workflow_support import PROMPT_TEXT
+    from flexigpt.workflow.support import PROMPT_TEXT
 
     cal = {"n_calibration": 4, "seq_len": 32, "seed": 0, "dtype": "float32",
            "device": SENTINEL}
@@ -145,7 +145,7 @@ def test_generate_and_cli_take_the_device(tiny_checkpoint, requested):
     import importlib
 
     from flexigpt.cli import COMMANDS
-    from flexigpt.generation import generate
+    from flexigpt.runtime.generation import generate
 
     out = generate(tiny_checkpoint, ["the"], max_new_tokens=2, device=SENTINEL)
     assert SENTINEL in requested and len(out.texts) == 1

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from flexigpt.cli import main as cli_main
-from flexigpt.fileio import MARKER, atomic_directory
+from flexigpt.core.fileio import MARKER, atomic_directory
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -47,12 +47,12 @@ def partials(out: Path) -> list[Path]:
 
 def no_heavy_work(monkeypatch) -> None:
     """Fail the test if the command gets as far as loading a model."""
-    import flexigpt.api
+    import flexigpt.api.compression
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the check")
 
-    monkeypatch.setattr(flexigpt.api, "load_model", refuse)
+    monkeypatch.setattr(flexigpt.api.compression, "load_model", refuse)
 
 
 def compress_args(model: Path, out: Path, *extra: str) -> list[str]:
@@ -196,8 +196,8 @@ def test_crafted_trainable_pt_is_refused(tiny_checkpoint, text_file, tmp_path, c
 
 
 def test_checkpoint_file_of_another_type_is_refused(tmp_path):
-    from flexigpt.fileio import CheckpointError
-    from flexigpt.training.checkpoint import _load_part
+    from flexigpt.core.fileio import CheckpointError
+    from flexigpt.runtime.training.checkpoint import _load_part
 
     path = tmp_path / "trainable.pt"
     torch.save([torch.zeros(2)], path)
@@ -246,7 +246,7 @@ def test_directory_as_calibration(tiny_checkpoint, tmp_path, capsys, monkeypatch
 
 
 def test_read_documents_of_a_directory():
-    from flexigpt.calibration import CalibrationDataError, read_documents
+    from flexigpt.methods.calibration import CalibrationDataError, read_documents
 
     with pytest.raises(CalibrationDataError, match="is a directory, not a text file"):
         read_documents(ROOT / "tests")
@@ -282,7 +282,7 @@ def test_edited_calibration_text_is_refused(tiny_checkpoint, tmp_path, capsys):
 
 
 def test_recorded_hash_is_checked_once_per_file_version(tmp_path, monkeypatch):
-    import flexigpt.input_files as inputs
+    import flexigpt.storage.input_files as inputs
 
     path = _built(tmp_path / "wiki", {"train.txt": "one document\n"}) / "train.txt"
     calls = []
@@ -322,12 +322,12 @@ def test_malformed_benchmark_jsonl_names_file_and_line(damage, words, tiny_check
     data = tmp_path / "loose" / "arc_easy" / "test.jsonl"  # no marker: only the format counts
     data.parent.mkdir(parents=True)
     data.write_text(damage(text), encoding="utf-8")
-    import flexigpt.artifacts
+    import flexigpt.storage.artifacts
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the data was checked")
 
-    monkeypatch.setattr(flexigpt.artifacts, "load_compressed", refuse)
+    monkeypatch.setattr(flexigpt.storage.artifacts, "load_compressed", refuse)
     out = tmp_path / "r.json"
     assert cli_main(_evaluate_arc(tiny_checkpoint, data.parent.parent, out)) == 2
     error_line(capsys.readouterr().err, repr(str(data)), *words)
@@ -335,7 +335,7 @@ def test_malformed_benchmark_jsonl_names_file_and_line(damage, words, tiny_check
 
 
 def test_edited_benchmark_file_is_refused(tiny_checkpoint, tmp_path, capsys):
-    from flexigpt.evaluation.tasks import TaskDataError, local_config
+    from flexigpt.runtime.evaluation.tasks import TaskDataError, local_config
 
     text = "".join(json.dumps(dict(ARC_ROW, id=f"q{i}")) + "\n" for i in range(1, 4))
     benchmarks = _benchmarks(tmp_path, text)
@@ -351,7 +351,7 @@ def test_edited_benchmark_file_is_refused(tiny_checkpoint, tmp_path, capsys):
 
 
 def test_valid_benchmark_with_blank_lines_is_accepted(tmp_path):
-    from flexigpt.input_files import check_jsonl
+    from flexigpt.storage.input_files import check_jsonl
 
     path = tmp_path / "test.jsonl"
     path.write_text(json.dumps(ARC_ROW) + "\n\n" + json.dumps(dict(ARC_ROW, id="q2")) + "\n")
@@ -389,7 +389,7 @@ def test_shell_rules_run_the_harness_through_the_snakemake_interpreter(tmp_path)
 
 
 def test_harness_python_is_the_snakemake_interpreter(monkeypatch):
-    from flexigpt.commands.run import PYTHON_VAR, export_harness_python
+    from flexigpt.cli.commands.run import PYTHON_VAR, export_harness_python
 
     monkeypatch.delenv(PYTHON_VAR, raising=False)
     assert export_harness_python(uses_conda=False) == sys.executable == os.environ[PYTHON_VAR]

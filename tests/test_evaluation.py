@@ -11,8 +11,8 @@ import pytest
 from conftest import SPLITS, make_model, write_fake_benchmarks
 
 pytest.importorskip("lm_eval")
-from flexigpt.evaluation import tasks as T  # noqa: E402
-from flexigpt.evaluation.results import evaluate_model, load_result  # noqa: E402
+from flexigpt.runtime.evaluation import tasks as T  # noqa: E402
+from flexigpt.runtime.evaluation.results import evaluate_model, load_result  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -167,7 +167,7 @@ def test_evaluate_model_end_to_end(bench_dir, tiny_checkpoint, text_file, tmp_pa
 
 
 def test_measure_inference_and_timing_json(tmp_path, tiny_tokenizer):
-    from flexigpt.evaluation.inference import measure_inference, run_inference_cost
+    from flexigpt.runtime.evaluation.inference import measure_inference, run_inference_cost
 
     models = {"dense/default/full": make_model(layers=4), "shortgpt/default/r0.5": make_model(layers=2)}
     rows = measure_inference(models, batch=2, seq_len=16, repeats=3)
@@ -191,12 +191,12 @@ def test_measure_inference_and_timing_json(tmp_path, tiny_tokenizer):
 
 
 def test_autocast_rule_and_bf16_scoring(bench_dir, tiny_checkpoint, text_file, tmp_path):
-    """``autocast_dtype``: one resolution rule (flexigpt.precision), refused with the stock
+    """``autocast_dtype``: one resolution rule (flexigpt.core.precision), refused with the stock
     backend, applied to perplexity and tasks alike and recorded in the result."""
     import torch
 
-    from flexigpt.evaluation.results import EvalConfig
-    from flexigpt.precision import native_bf16, resolve_autocast
+    from flexigpt.core.precision import native_bf16, resolve_autocast
+    from flexigpt.runtime.evaluation.results import EvalConfig
 
     assert resolve_autocast(None, "cpu") is None and resolve_autocast("none", "cpu") is None
     assert resolve_autocast("bfloat16", "cpu") is torch.bfloat16

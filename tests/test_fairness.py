@@ -13,16 +13,16 @@ import pytest
 import torch
 from conftest import make_model, make_text, manifest_for
 
-from flexigpt.block_count import nearest_block_count, paper_block_count
-from flexigpt.calibration import read_documents, split_heldout
+from flexigpt.core.params import count_parameters
+from flexigpt.methods.block_count import nearest_block_count, paper_block_count
+from flexigpt.methods.calibration import read_documents, split_heldout
 from flexigpt.methods.sharing import adapter_trainable
-from flexigpt.params import count_parameters
-from flexigpt.registry import get_method
-from flexigpt.training.config import TrainConfig, resolve_plan
-from flexigpt.training.losses import kd_loss
-from flexigpt.training.optim import param_groups
-from flexigpt.training.recipes import BUDGET_TOLERANCE, apply_recipe
-from flexigpt.training.tuning import best_trial, diverged_record, select_trial
+from flexigpt.runtime.training.config import TrainConfig, resolve_plan
+from flexigpt.runtime.training.losses import kd_loss
+from flexigpt.runtime.training.optim import param_groups
+from flexigpt.runtime.training.recipes import BUDGET_TOLERANCE, apply_recipe
+from flexigpt.runtime.training.tuning import best_trial, diverged_record, select_trial
+from flexigpt.storage.registry import get_method
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("single_thread")

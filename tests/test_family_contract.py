@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import make_model
 
-from flexigpt.models import UnsupportedArchitectureError, get_adapter
-from flexigpt.models.adapters import ADAPTERS
-from flexigpt.registry import METHODS, get_method
+from flexigpt.storage.models import UnsupportedArchitectureError, get_adapter
+from flexigpt.storage.models.adapters import ADAPTERS
+from flexigpt.storage.registry import METHODS, get_method
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

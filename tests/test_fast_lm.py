@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import WORDS, make_model, make_tokenizer
 
-from flexigpt.evaluation.fast.packing import (
+from flexigpt.runtime.evaluation.fast.packing import (
     WorkCounts,
     batch_rows,
     bucket_rows,
@@ -24,7 +24,7 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 
-from flexigpt.evaluation.fast.lm import FastHFLM  # noqa: E402
+from flexigpt.runtime.evaluation.fast.lm import FastHFLM  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -156,7 +156,7 @@ def test_plan_work_counts_stock_and_tree_tokens():
 
 
 def test_tree_attention_switch_restores_the_model(tiny_model):
-    from flexigpt.evaluation.fast.tree_attention import ATTENTION_NAME, tree_attention
+    from flexigpt.runtime.evaluation.fast.tree_attention import ATTENTION_NAME, tree_attention
 
     before = tiny_model.config._attn_implementation
     with pytest.raises(RuntimeError, match="inside"), tree_attention(tiny_model):
@@ -240,8 +240,8 @@ METHOD_OPTIONS = {"flexigpt": {"ratio": 0.5}, "flexigpt_extend": {"layers": 9, "
 def test_fast_matches_stock_on_every_method(tiny_tokenizer, method, family):
     """Gemma 3's tiny model has an 8-token sliding window, so the 48-token requests need
     the tree attention's sliding mask."""
-    from flexigpt.models.adapters import ADAPTERS
-    from flexigpt.registry import METHODS, get_method
+    from flexigpt.storage.models.adapters import ADAPTERS
+    from flexigpt.storage.registry import METHODS, get_method
 
     assert set(METHOD_OPTIONS) | {"dense"} == set(METHODS), "new method: add it here"
     if ADAPTERS[family].family not in METHODS[method].families:
@@ -348,7 +348,7 @@ def test_rolling_is_stock_and_model_is_registered(tiny_model, tiny_tokenizer):
 @pytest.mark.parametrize("chunk_rows,tile_rows", [(1, None), (4, None), (64, None), (4, 3),
                                                    (64, 2)])
 def test_score_rows_equals_log_softmax_and_argmax(chunk_rows, tile_rows):
-    from flexigpt.evaluation.fast.scoring import score_rows
+    from flexigpt.runtime.evaluation.fast.scoring import score_rows
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(10, 37, generator=gen) * 4
@@ -379,7 +379,7 @@ def test_score_rows_equals_log_softmax_and_argmax(chunk_rows, tile_rows):
 
 
 def test_keep_heap_for_reuse_is_idempotent():
-    from flexigpt import memory
+    from flexigpt.core import memory
 
     first = memory.keep_heap_for_reuse()
     assert memory.keep_heap_for_reuse() is first

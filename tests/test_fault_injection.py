@@ -1,12 +1,12 @@
 """kill -9 at named points of compress, train, evaluate and a small DAG, then rerun: the final
 outputs are byte-identical to an uninterrupted run and nothing is left beside them.
 
-Kills are deterministic (:mod:`flexigpt.faults`: ``FLEXIGPT_KILL_AT=<point>[:<n>]`` makes
+Kills are deterministic (:mod:`flexigpt.core.faults`: ``FLEXIGPT_KILL_AT=<point>[:<n>]`` makes
 the n-th arrival at a point SIGKILL the process, or the DAG's whole process group). Each
 case runs the real CLI (or ``flexigpt run``) in a subprocess, checks it died by SIGKILL at
 that point, reruns the same command without the fault and compares every file under the
 work directory with the uninterrupted run's. JSON files are compared without the keys that
-differ between any two identical runs (:data:`flexigpt.manifest.VOLATILE_KEYS`: timestamps
+differ between any two identical runs (:data:`flexigpt.storage.manifest.VOLATILE_KEYS`: timestamps
 and timings), a task's or perplexity's ``seconds`` and ``resumed_from_step`` (which says
 that the run was resumed) and the checkout's ``git_commit``; model cards without their
 ``- created`` line and git commit. Everything else — weights, tokenizer, logs, curves,
@@ -29,8 +29,8 @@ import pytest
 import yaml
 from conftest import link_resources, without_keys, write_fake_benchmarks
 
-from flexigpt.fileio import MARKER
-from flexigpt.manifest import VOLATILE_KEYS
+from flexigpt.core.fileio import MARKER
+from flexigpt.storage.manifest import VOLATILE_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 #: keys a resumed run may legitimately record differently from an uninterrupted one (the

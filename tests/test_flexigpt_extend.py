@@ -9,15 +9,15 @@ import pytest
 import torch
 from conftest import make_model, manifest_for
 
-from flexigpt.api import compress as api_compress
-from flexigpt.artifacts import load_compressed
+from flexigpt.api.compression import compress as api_compress
 from flexigpt.cli import main as cli_main
-from flexigpt.commands.extend import parse_span
+from flexigpt.cli.commands.extend import parse_span
+from flexigpt.core.params import count_parameters
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.methods.extend import ExtendConfig, compress, extension_layout
+from flexigpt.methods.flexigpt.extend import ExtendConfig, compress, extension_layout
 from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
-from flexigpt.models import get_adapter
-from flexigpt.params import count_parameters
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.models import get_adapter
 
 IDS = torch.randint(3, 300, (2, 24), generator=torch.Generator().manual_seed(1))
 

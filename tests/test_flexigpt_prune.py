@@ -11,14 +11,14 @@ import pytest
 import torch
 from conftest import make_model, manifest_for
 
-from flexigpt.api import compress as api_compress
-from flexigpt.artifacts import load_compressed
+from flexigpt.api.compression import compress as api_compress
+from flexigpt.core.params import count_parameters
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.methods.base_selection import select_bases
-from flexigpt.methods.prune import FlexiGPTConfig, compress
+from flexigpt.methods.flexigpt.base_selection import select_bases
+from flexigpt.methods.flexigpt.prune import FlexiGPTConfig, compress
 from flexigpt.methods.sharing import FORWARD_MODES, OutputNorm, SharedLoRALinear, set_forward_mode
-from flexigpt.models import UnsupportedArchitectureError, get_adapter
-from flexigpt.params import count_parameters
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.models import UnsupportedArchitectureError, get_adapter
 
 CALIB = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import make_model, manifest_for, perturb_norms
 
-from flexigpt.artifacts import load_compressed
 from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
-from flexigpt.models import UnsupportedArchitectureError, get_adapter
-from flexigpt.registry import get_method
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.models import UnsupportedArchitectureError, get_adapter
+from flexigpt.storage.registry import get_method
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -193,7 +193,7 @@ def test_gemma_config_scores_tasks_with_bos_and_smollm2_params_stay(monkeypatch)
 
     import yaml
 
-    from flexigpt.dag import RunGrid
+    from flexigpt.workflow.dag import RunGrid
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)

@@ -12,10 +12,14 @@ import pytest
 import torch
 from conftest import load_benchmark, make_model, manifest_for, perturb_adapters
 
-from flexigpt.artifacts import LoadedModel
 from flexigpt.cli import main as cli_main
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.generation import (
+from flexigpt.methods.flexigpt.extend import ExtendConfig
+from flexigpt.methods.flexigpt.extend import compress as extend_compress
+from flexigpt.methods.flexigpt.prune import FlexiGPTConfig
+from flexigpt.methods.flexigpt.prune import compress as prune_compress
+from flexigpt.methods.sharing import SharedLoRALinear
+from flexigpt.runtime.generation import (
     Generator,
     build_draft,
     draft_extra_bytes,
@@ -23,15 +27,11 @@ from flexigpt.generation import (
     generate,
     skipped_blocks,
 )
-from flexigpt.generation.few_rows import few_row_route
-from flexigpt.generation.merged import merge_replacement_linears
-from flexigpt.generation.transformers_engine import generate_batches
-from flexigpt.methods.extend import ExtendConfig
-from flexigpt.methods.extend import compress as extend_compress
-from flexigpt.methods.prune import FlexiGPTConfig
-from flexigpt.methods.prune import compress as prune_compress
-from flexigpt.methods.sharing import SharedLoRALinear
-from flexigpt.models import get_adapter
+from flexigpt.runtime.generation.few_rows import few_row_route
+from flexigpt.runtime.generation.merged import merge_replacement_linears
+from flexigpt.runtime.generation.transformers_engine import generate_batches
+from flexigpt.storage.artifacts import LoadedModel
+from flexigpt.storage.models import get_adapter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -220,8 +220,8 @@ def test_streamer_clock_times_the_same_steps_as_hooks(tiny_tokenizer):
 
 
 def test_weight_reads_count_shared_weights_at_each_use():
-    from flexigpt.generation.figures import weight_reads_per_token
     from flexigpt.methods.sharing import adapter_trainable
+    from flexigpt.runtime.generation.figures import weight_reads_per_token
 
     model, _ = flexi()
     dense = make_model(layers=6)
@@ -236,7 +236,7 @@ def test_weight_reads_count_shared_weights_at_each_use():
 
 
 def test_decode_compile_kwargs_round_the_static_cache_up():
-    from flexigpt.generation.generator import STATIC_CACHE_STEP, decode_compile_kwargs
+    from flexigpt.runtime.generation.generator import STATIC_CACHE_STEP, decode_compile_kwargs
 
     kw = decode_compile_kwargs(40, 128)
     assert kw["cache_implementation"] == "static" and kw["max_cache_len"] == STATIC_CACHE_STEP
@@ -246,7 +246,7 @@ def test_decode_compile_kwargs_round_the_static_cache_up():
 
 @pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_compiled_decode_same_greedy_tokens(tiny_tokenizer, monkeypatch, backend):
-    import flexigpt.generation.generator as generator
+    import flexigpt.runtime.generation.generator as generator
 
     monkeypatch.setattr(generator, "COMPILE_BACKEND", backend)
     torch._dynamo.reset()
@@ -294,7 +294,7 @@ def test_merged_replacements_unchanged_outputs(tiny_tokenizer):
 def test_few_row_linear_equals_f_linear():
     import torch.nn.functional as F
 
-    from flexigpt.generation.few_rows import few_row_linear
+    from flexigpt.runtime.generation.few_rows import few_row_linear
 
     w, b = torch.randn(7, 5), torch.randn(7)
     for shape in [(1, 3, 5), (2, 5), (1, 1, 5), (1, 12, 5), (5,)]:
@@ -308,7 +308,7 @@ def test_few_row_linear_equals_f_linear():
 def test_routed_linears_change_only_that_model_and_restore_it():
     import torch.nn.functional as F
 
-    from flexigpt.generation.few_rows import routed_linears
+    from flexigpt.runtime.generation.few_rows import routed_linears
 
     original = F.linear
     model, _ = flexi()
@@ -333,7 +333,7 @@ def test_routed_linears_change_only_that_model_and_restore_it():
 
 
 def test_mm_form_timing_is_cached_per_thread_count_and_cpu_only():
-    from flexigpt.generation import few_rows
+    from flexigpt.runtime.generation import few_rows
 
     verdict = few_rows.mm_form_is_faster()
     assert isinstance(verdict, bool)
@@ -361,7 +361,7 @@ def test_lean_engine_suppresses_eos_when_ignored_like_transformers(tiny_tokenize
 
 
 def test_combine_sums_chunks_and_recomputes_ratios():
-    from flexigpt.generation.measure import combine
+    from flexigpt.runtime.generation.measure import combine
 
     a = {"wall_s": 2.0, "prefill_s": 0.5, "decode_s": 1.5, "decode_steps": 3, "new_tokens": 4,
          "prompts": 1, "full_forwards": 4, "batch_size": 1, "peak_rss_mb": 10.0,
@@ -439,7 +439,7 @@ def test_bench_decode_quick(saved_dirs, tmp_path):
 
 # ---- decoding cost in the inference rule and Tables 6/7 ---------------------------------------
 def test_measure_decode_interleaved_rows(saved_dirs, tiny_tokenizer):
-    from flexigpt.generation.measure import measure_decode
+    from flexigpt.runtime.generation.measure import measure_decode
 
     flexi_dir, dense_dir = saved_dirs
     gens = {"dense": Generator(dense_dir), "flexi": Generator(flexi_dir)}
@@ -460,7 +460,7 @@ def test_measure_decode_interleaved_rows(saved_dirs, tiny_tokenizer):
 
 
 def test_inference_cost_with_decode_to_tables(saved_dirs, tmp_path):
-    from flexigpt.evaluation.inference import decode_settings, run_inference_cost
+    from flexigpt.runtime.evaluation.inference import decode_settings, run_inference_cost
     from flexigpt.tables import timing
     from flexigpt.tables.collect import collect_timings
     from flexigpt.tables.decode import collect_decodes

@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from flexigpt.api import compress
-from flexigpt.artifacts import load_compressed
+from flexigpt.api.compression import compress
 from flexigpt.cli import main as cli_main
-from flexigpt.evaluation.results import load_records, load_result
-from flexigpt.registry import METHODS
+from flexigpt.runtime.evaluation.results import load_records, load_result
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.registry import METHODS
 
 DEVICES = ("cpu", "cuda")
 pytestmark = [pytest.mark.gpu,

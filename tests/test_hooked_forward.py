@@ -1,4 +1,4 @@
-"""flexigpt/hooked_forward.py: batched calibration forwards watched by hooks — every batch
+"""flexigpt/methods/hooked_forward.py: batched calibration forwards watched by hooks — every batch
 runs, a StopForward skips the rest of its forward only, the mask rows follow the batch, and
 the hooks are gone however the pass ends."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import make_model
 
-from flexigpt.hooked_forward import StopForward, forward_batches, hook_output, registered
-from flexigpt.models.adapters import get_adapter
+from flexigpt.methods.hooked_forward import StopForward, forward_batches, hook_output, registered
+from flexigpt.storage.models.adapters import get_adapter
 
 WINDOWS = torch.randint(3, 300, (5, 12), generator=torch.Generator().manual_seed(0))
 

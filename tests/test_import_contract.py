@@ -1,5 +1,5 @@
 """The layer contract (declared in pyproject.toml as import-linter's layers contract) holds on
-the tree: ``lint-imports`` finds an upward import, flexigpt/import_contract.py a cycle hidden in a
+the tree: ``lint-imports`` finds an upward import, flexigpt/core/import_contract.py a cycle hidden in a
 function body and a module in no layer."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from flexigpt.import_contract import Layers, cycles, import_graph, report, unassigned
+from flexigpt.core.import_contract import Layers, cycles, import_graph, report, unassigned
 
 LINT_IMPORTS = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
 

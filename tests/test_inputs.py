@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flexigpt.block_count import RatioOutOfReach, method_plan, plan
 from flexigpt.cli import main as cli_main
-from flexigpt.config_check import ConfigError, check_config_files, check_ratios
-from flexigpt.dag import RunGrid
-from flexigpt.model_skeletons import resource_skeleton
-from flexigpt.resource_check import check_resources
+from flexigpt.methods.block_count import RatioOutOfReach, method_plan, plan
+from flexigpt.workflow.config_check import ConfigError, check_config_files, check_ratios
+from flexigpt.workflow.dag import RunGrid
+from flexigpt.workflow.model_skeletons import resource_skeleton
+from flexigpt.workflow.resource_check import check_resources
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
@@ -81,11 +81,11 @@ def test_flexigpt_run_refuses_a_list_config_naming_the_file_before_snakemake(tmp
                          text=True, timeout=300)
     assert out.returncode == 1
     assert f"config file '{path}' holds a list, not a mapping" in out.stderr
-    assert "snakemake" not in out.stderr.lower().replace("flexigpt.commands.run", "")
+    assert "snakemake" not in out.stderr.lower().replace("flexigpt.cli.commands.run", "")
 
 
 def test_configfiles_reads_every_form_of_the_flag():
-    from flexigpt.commands.run import configfiles
+    from flexigpt.cli.commands.run import configfiles
     assert configfiles(["--cores", "1", "--configfile", "a.yaml", "b.yaml", "-n",
                         "--configfiles=c.yaml", "d.yaml", "--configfile=e.yaml", "x"]) == [
         "a.yaml", "b.yaml", "c.yaml", "d.yaml", "e.yaml"]
@@ -144,7 +144,7 @@ def test_paper_policy_refusal_is_reported_at_dag_build():
 
 
 def test_resource_skeleton_has_the_builders_shape():
-    from flexigpt.models.adapters import get_adapter
+    from flexigpt.storage.models.adapters import get_adapter
 
     tiny = resource_skeleton("tiny-llama")
     assert len(get_adapter(tiny).layers(tiny)) == 8 and tiny.config.hidden_size == 128
@@ -184,11 +184,11 @@ def test_plan_keeps_the_paper_protocol_inside_the_reach():
 
 
 def test_method_plan_counts_like_the_methods(tiny_model):
-    from flexigpt.methods.prune import FlexiGPTConfig, blocks_to_prune, saving_per_block
+    from flexigpt.core.params import count_parameters
+    from flexigpt.methods.flexigpt.prune import FlexiGPTConfig, blocks_to_prune, saving_per_block
     from flexigpt.methods.surgery import matrix_ranks
-    from flexigpt.models.adapters import get_adapter
-    from flexigpt.params import count_parameters
-    from flexigpt.registry import get_method
+    from flexigpt.storage.models.adapters import get_adapter
+    from flexigpt.storage.registry import get_method
 
     cfg = FlexiGPTConfig(ratio=0.5, policy="matched")
     found = method_plan("flexigpt", tiny_model, cfg)
@@ -280,7 +280,7 @@ def built_model(tmp_path, tiny_tokenizer) -> Path:
     """A harness-written model directory (with its ``.flexigpt-output.json``)."""
     from conftest import make_model
 
-    from flexigpt.fileio import atomic_directory
+    from flexigpt.core.fileio import atomic_directory
 
     out = tmp_path / "models/tiny"
     with atomic_directory(out) as tmp:
@@ -312,7 +312,7 @@ def test_tampered_resource_is_refused_naming_the_file(built_model, tmp_path):
 
 
 def test_unchanged_resources_are_not_hashed_again(built_model, tmp_path, monkeypatch):
-    import flexigpt.resource_check as config_check
+    import flexigpt.workflow.resource_check as config_check
 
     cfg = config_for(built_model)
     grid = RunGrid.from_config(cfg)
@@ -355,7 +355,7 @@ def test_dry_run_with_a_tampered_model_stops_before_any_job(built_model, tmp_pat
     (lambda c: c["training"].update(tokens="many"), "training.tokens: 'many' is not an integer"),
 ])
 def test_schema_errors_are_one_line_naming_file_and_key(tmp_path, edit, line):
-    from flexigpt.config_schema import check_schema
+    from flexigpt.workflow.config_schema import check_schema
 
     cfg = copy.deepcopy(SMOKE)
     edit(cfg)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from flexigpt.cli import main as cli_main
-from flexigpt.config_check import ConfigError
-from flexigpt.fileio import InputOverlapError, check_apart
+from flexigpt.core.fileio import InputOverlapError, check_apart
+from flexigpt.workflow.config_check import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def test_check_apart_skips_missing_inputs_and_unrelated_paths(tmp_path):
 
 
 def test_dag_refuses_config_inputs_inside_its_output_folders(monkeypatch, tmp_path):
-    from flexigpt.dag import RunGrid
+    from flexigpt.workflow.dag import RunGrid
 
     monkeypatch.chdir(ROOT)
     cfg = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())

@@ -11,11 +11,11 @@ import torch
 import yaml
 from conftest import make_model, manifest_for
 
-from flexigpt.dag import RunGrid
-from flexigpt.models.adapters import get_adapter
-from flexigpt.params import count_parameters
-from flexigpt.training.config import TrainConfig, resolve_plan
-from flexigpt.training.recipes import apply_recipe
+from flexigpt.core.params import count_parameters
+from flexigpt.runtime.training.config import TrainConfig, resolve_plan
+from flexigpt.runtime.training.recipes import apply_recipe
+from flexigpt.storage.models.adapters import get_adapter
+from flexigpt.workflow.dag import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -93,8 +93,8 @@ def test_default_config_runs_shortgpt_last3_with_its_own_sweep():
 
 
 def test_training_moves_only_the_trainable_set(tiny_checkpoint, text_file, tmp_path):
-    from flexigpt.artifacts import load_compressed
-    from flexigpt.training.runner import train_model
+    from flexigpt.runtime.training.runner import train_model
+    from flexigpt.storage.artifacts import load_compressed
 
     cfg = TrainConfig(recipe="last_blocks", last_blocks=2, lr=1e-3, tokens=32 * 4 * 4,
                       seq_len=32, micro_batch=2, global_batch=4, eval_windows=2,
@@ -114,8 +114,8 @@ def test_training_moves_only_the_trainable_set(tiny_checkpoint, text_file, tmp_p
 def test_schema_lists_every_recipe_and_grid_key():
     """The config schema's recipe enum and tuning-grid keys are the trainer's and the DAG's
     (they are written out in YAML, so a test keeps them from drifting)."""
-    from flexigpt.dag import GRID_KEYS
-    from flexigpt.training.config import RECIPES
+    from flexigpt.runtime.training.config import RECIPES
+    from flexigpt.workflow.dag import GRID_KEYS
 
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     recipe = schema["$defs"]["train_overrides"]["properties"]["recipe"]

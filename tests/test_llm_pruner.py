@@ -8,13 +8,13 @@ import pytest
 import torch
 from conftest import make_model, manifest_for
 
-from flexigpt.api import compress as api_compress
-from flexigpt.artifacts import load_compressed
-from flexigpt.calibration import token_windows
+from flexigpt.api.compression import compress as api_compress
+from flexigpt.core.params import compression_ratio, count_parameters
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.models import get_adapter
-from flexigpt.params import compression_ratio, count_parameters
-from flexigpt.registry import get_method
+from flexigpt.methods.calibration import token_windows
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.models import get_adapter
+from flexigpt.storage.registry import get_method
 
 HD = 8  # head_dim of every test model: hidden 64 / 8 heads
 
@@ -173,7 +173,10 @@ def test_api_compress_roundtrip(tmp_path, tiny_checkpoint, text_file):
                                             "lora_dropout": 0.05, "lr": 1e-4,
                                             "lora_targets": list(ad.attn_linears
                                                                  + ad.mlp_linears)}
-    from flexigpt.training.config import TrainConfig, resolve_plan  # the shared trainer reads it
+    from flexigpt.runtime.training.config import (  # the shared trainer reads it
+        TrainConfig,
+        resolve_plan,
+    )
 
     plan = resolve_plan(TrainConfig(), manifest)
     assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lr) == \

@@ -11,16 +11,22 @@ import pytest
 import torch
 from conftest import make_model
 
-from flexigpt.artifacts import load_compressed, read_manifest
+from flexigpt.core.fileio import CheckpointError, sha256_file
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.fileio import CheckpointError, sha256_file
-from flexigpt.manifest import FORMAT_VERSION, Manifest, _stable, manifest_hash, migrate_structure
+from flexigpt.storage.artifacts import load_compressed, read_manifest
+from flexigpt.storage.manifest import (
+    FORMAT_VERSION,
+    Manifest,
+    _stable,
+    manifest_hash,
+    migrate_structure,
+)
 
 
 @pytest.fixture(scope="module")
 def compressed(tmp_path_factory, tiny_tokenizer, text_file) -> Path:
     """A real ``flexigpt.compress`` of a tiny Llama (calibration, extras, sharing)."""
-    from flexigpt.api import compress
+    from flexigpt.api.compression import compress
 
     root = tmp_path_factory.mktemp("manifest")
     make_model().save_pretrained(root / "dense")
@@ -110,7 +116,7 @@ def test_slicegpt_saved_before_head_bias_loads(tmp_path, tiny_tokenizer, text_fi
 
     from baselines.slicegpt.config import SliceGPTConfig
     from baselines.slicegpt.method import compress
-    from flexigpt.calibration import token_windows
+    from flexigpt.methods.calibration import token_windows
 
     model = make_model()
     windows = token_windows(text_file, tiny_tokenizer, 32, 8, seed=0)

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from conftest import make_model
 
-from flexigpt.artifacts import load_compressed
-from flexigpt.fileio import CheckpointError
+from flexigpt.core.fileio import CheckpointError
+from flexigpt.storage.artifacts import load_compressed
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, tiny_tokenizer, text_file) -> dict[str, Path]:
     """ShortGPT, LLM-Streamline and FlexiGPT compressions of a 4-block tiny Llama."""
-    from flexigpt.api import compress
+    from flexigpt.api.compression import compress
 
     root = tmp_path_factory.mktemp("structure")
     make_model().save_pretrained(root / "dense")

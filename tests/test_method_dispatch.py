@@ -1,8 +1,8 @@
 """Method-specific decisions live with the method: its folder (``flexigpt/methods/``,
-``baselines/<name>/``) and its registry entry (``flexigpt/registry.py``: facts and hooks).
+``baselines/<name>/``) and its registry entry (``flexigpt/storage/registry.py``: facts and hooks).
 No other module compares an expression against a method key: the tables and the DAG's
 table sections, which encode the paper's protocol (which pairs a claim compares, which
-method the ablations vary), compare against the protocol's roles (``flexigpt.registry.ROLES``)
+method the ablations vary), compare against the protocol's roles (``flexigpt.storage.registry.ROLES``)
 instead.
 
 ``PENDING`` listed the modules that still compared, each with its count; it is now empty
@@ -15,13 +15,14 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from flexigpt.registry import METHODS, ROLES
+from flexigpt.storage.registry import METHODS, ROLES
 
 ROOT = Path(__file__).resolve().parent.parent
-#: modules allowed to name methods: the methods' own code and the registry; the standalone
-#: remote-code file replays each method's structure without importing the harness
-OWNERS = ("flexigpt/methods/", "baselines/", "flexigpt/registry.py",
-          "flexigpt/export/modeling_flexigpt_compressed.py")
+#: modules allowed to name methods: the methods' own folders (FlexiGPT's, the dense reference,
+#: each baseline's; not the tools in flexigpt/methods/ every method shares) and the registry;
+#: the standalone remote-code file replays each method's structure without importing the harness
+OWNERS = ("flexigpt/methods/flexigpt/", "flexigpt/methods/dense.py", "baselines/",
+          "flexigpt/storage/registry.py", "flexigpt/export/modeling_flexigpt_compressed.py")
 #: module → comparisons it still makes; empty now, and it may not grow
 PENDING: dict[str, int] = {}
 
@@ -94,8 +95,8 @@ def test_no_method_dispatch_outside_the_methods_and_the_registry():
 
 # ---- selections: a method key written anywhere in code outside its folder ------------------
 #: where the string "flexigpt" names the package, not the method
-PACKAGE_NAME = ("flexigpt/cli.py", "flexigpt/code_deps.py", "flexigpt/import_contract.py",
-                "flexigpt/provenance.py")
+PACKAGE_NAME = ("flexigpt/cli/__init__.py", "flexigpt/core/code_deps.py", "flexigpt/core/import_contract.py",
+                "flexigpt/core/provenance.py")
 #: module → method-key literals it still holds (selections: tuples of keys, dict keys,
 #: ``METHODS["key"]``, recipe names that equal a method key). Issue 50 moves them into the
 #: methods' own declarations; this table may only shrink.
@@ -104,15 +105,15 @@ PENDING_SELECTIONS = {
     "benchmarks/bench_slicegpt.py": 2, "benchmarks/bench_train.py": 10,
     "benchmarks/budget_bound.py": 5, "benchmarks/check_official.py": 4,
     "benchmarks/compare_commits.py": 2, "benchmarks/validate_dense.py": 1,
-    "flexigpt/commands/extend.py": 1, "flexigpt/commands/train.py": 1,
-    "flexigpt/dag/runs.py": 2, "flexigpt/dag/sections.py": 7,
-    "flexigpt/evaluation/results.py": 4, "flexigpt/export/plain.py": 2,
-    "flexigpt/manifest.py": 1, "flexigpt/tables/ablation.py": 1,
+    "flexigpt/cli/commands/extend.py": 1, "flexigpt/cli/commands/train.py": 1,
+    "flexigpt/workflow/dag/runs.py": 2, "flexigpt/workflow/dag/sections.py": 7,
+    "flexigpt/runtime/evaluation/results.py": 4, "flexigpt/export/plain.py": 2,
+    "flexigpt/storage/manifest.py": 1, "flexigpt/tables/ablation.py": 1,
     "flexigpt/tables/claim_rows.py": 2, "flexigpt/tables/collect.py": 3,
     "flexigpt/tables/labels.py": 5,
     "flexigpt/tables/trend.py": 1, "flexigpt/tables/verdicts.py": 17,
-    "flexigpt/training/config.py": 5, "flexigpt/training/recipes.py": 3,
-    "flexigpt/training/runner.py": 1, "flexigpt/training/tuning.py": 1,
+    "flexigpt/runtime/training/config.py": 5, "flexigpt/runtime/training/recipes.py": 3,
+    "flexigpt/runtime/training/runner.py": 1, "flexigpt/runtime/training/tuning.py": 1,
 }
 
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from flexigpt.artifacts import load_compressed
-from flexigpt.training.launch import accelerate_launch
+from flexigpt.runtime.training.launch import accelerate_launch
+from flexigpt.storage.artifacts import load_compressed
 
 
 def _train(model, out, text, processes: int) -> list[dict]:
@@ -90,14 +90,14 @@ def test_dag_train_job_on_two_processes_matches_one(tiny_checkpoint, text_file, 
 
 
 def test_train_processes_follow_the_jobs_gpus():
-    from flexigpt.training.launch import launch_command, processes_for
+    from flexigpt.runtime.training.launch import launch_command, processes_for
 
     assert processes_for(3, 0) == 3  # explicit, any device
     assert processes_for(None, 0) == processes_for(None, 1) == 1
     if not torch.cuda.is_available():
         assert processes_for(None, 4) == 1  # GPUs granted but none visible: one process
     cmd = launch_command("spec.json", 2)
-    assert cmd[-3:] == ["-m", "flexigpt.training.launch", "spec.json"]
+    assert cmd[-3:] == ["-m", "flexigpt.runtime.training.launch", "spec.json"]
     assert cmd[cmd.index("--num_processes") + 1] == "2"
     with pytest.raises(ValueError, match="at least 2"):
         launch_command("spec.json", 1)

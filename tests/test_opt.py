@@ -11,17 +11,17 @@ import torch
 from conftest import make_model, manifest_for, perturb_adapters, perturb_norms
 from torch import nn
 
-from flexigpt.artifacts import LoadedModel, load_compressed
+from flexigpt.core.params import compression_ratio, count_parameters
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.generation import Generator
-from flexigpt.methods.extend import ExtendConfig
-from flexigpt.methods.extend import compress as extend_compress
-from flexigpt.methods.prune import FlexiGPTConfig
-from flexigpt.methods.prune import compress as prune_compress
+from flexigpt.methods.flexigpt.extend import ExtendConfig
+from flexigpt.methods.flexigpt.extend import compress as extend_compress
+from flexigpt.methods.flexigpt.prune import FlexiGPTConfig
+from flexigpt.methods.flexigpt.prune import compress as prune_compress
 from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
-from flexigpt.models import UnsupportedArchitectureError, get_adapter
-from flexigpt.params import compression_ratio, count_parameters
-from flexigpt.registry import get_method
+from flexigpt.runtime.generation import Generator
+from flexigpt.storage.artifacts import LoadedModel, load_compressed
+from flexigpt.storage.models import UnsupportedArchitectureError, get_adapter
+from flexigpt.storage.registry import get_method
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -278,7 +278,7 @@ def test_llm_pruner_on_opt_is_exact_and_reloads(tmp_path, tiny_tokenizer):
 
 def test_flexigpt_recovery_on_opt_trains_the_adapters(tmp_path, tiny_tokenizer, text_file):
     from flexigpt.methods.sharing import adapter_trainable
-    from flexigpt.training import TrainConfig, train_model
+    from flexigpt.runtime.training import TrainConfig, train_model
 
     model = make_opt()
     with torch.no_grad():

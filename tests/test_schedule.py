@@ -1,4 +1,4 @@
-"""Critical-path job priorities (flexigpt.schedule) on a toy DAG of the rules' shape."""
+"""Critical-path job priorities (flexigpt.core.schedule) on a toy DAG of the rules' shape."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flexigpt.schedule import Priorities
+from flexigpt.core.schedule import Priorities
 
 
 def _toy(scale=None) -> Priorities:
@@ -53,7 +53,7 @@ def test_compress_of_the_long_chain_outranks_the_short_one():
 @pytest.mark.parametrize("value,expected", [("x", ["x"]), (["x", ["y"]], ["x", "y"]),
                                             ({"a": "x", "b": ["y"]}, ["x", "y"]), (None, [])])
 def test_input_values_of_every_shape(value, expected):
-    from flexigpt.schedule import _paths
+    from flexigpt.core.schedule import _paths
 
     assert _paths(value) == expected
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flexigpt import stats
+from flexigpt.core import stats
 from flexigpt.tables.ladder import seed_components
 
 

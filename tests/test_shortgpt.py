@@ -8,13 +8,13 @@ import pytest
 import torch
 from conftest import make_model, manifest_for
 
-from flexigpt.api import compress as api_compress
-from flexigpt.artifacts import load_compressed
-from flexigpt.calibration import token_windows
+from flexigpt.api.compression import compress as api_compress
+from flexigpt.core.params import compression_ratio, count_parameters
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.models import get_adapter
-from flexigpt.params import compression_ratio, count_parameters
-from flexigpt.registry import get_method
+from flexigpt.methods.calibration import token_windows
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.models import get_adapter
+from flexigpt.storage.registry import get_method
 
 
 def _calib(n: int = 4, t: int = 24, seed: int = 0) -> torch.Tensor:
@@ -165,7 +165,7 @@ def test_bad_inputs():
 @pytest.mark.parametrize("name", ["shortgpt", "flexigpt"])
 def test_precomputed_block_influence_is_used(name):
     """``bi_scores`` (the DAG's shared BI) gives the same pruning as computing it; bad → error."""
-    from flexigpt.block_influence import block_influence
+    from flexigpt.methods.block_influence import block_influence
 
     model = make_model(layers=5)
     scores = block_influence(model, _calib())

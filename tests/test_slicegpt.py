@@ -14,13 +14,13 @@ from baselines.slicegpt.fusion import fuse_model, is_tied
 from baselines.slicegpt.method import METHOD, compress
 from baselines.slicegpt.pca import SecondMoment
 from baselines.slicegpt.rotate import rotate_and_slice
-from flexigpt.artifacts import load_compressed
-from flexigpt.calibration import token_windows
+from flexigpt.core.params import count_parameters
 from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.models.adapters import get_adapter
-from flexigpt.params import count_parameters
-from flexigpt.perplexity import perplexity
-from flexigpt.registry import get_method
+from flexigpt.methods.calibration import token_windows
+from flexigpt.methods.perplexity import perplexity
+from flexigpt.storage.artifacts import load_compressed
+from flexigpt.storage.models.adapters import get_adapter
+from flexigpt.storage.registry import get_method
 
 
 def _ids(n: int = 8, t: int = 24, seed: int = 0) -> torch.Tensor:
@@ -281,7 +281,10 @@ def test_random_orientation_and_registry():
                                        "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj",
                                                         "gate_proj", "up_proj", "down_proj"]}
     assert _sliced(recovery="none")[0].info["recovery"] == {"recipe": "none"}
-    from flexigpt.training import TrainConfig, resolve_plan  # the shared trainer reads the recipe
+    from flexigpt.runtime.training import (  # the shared trainer reads the recipe
+        TrainConfig,
+        resolve_plan,
+    )
 
     plan = resolve_plan(TrainConfig(), manifest_for("slicegpt", info=result.info))
     assert (plan.recipe, plan.lora_rank, plan.lora_alpha, plan.lora_dropout, plan.lr) == \

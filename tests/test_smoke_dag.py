@@ -18,9 +18,9 @@ import pytest
 import yaml
 from conftest import link_resources
 
-from flexigpt.dag import RunGrid
-from flexigpt.dag.archive import archive_run
 from flexigpt.tables.archive import rebuild
+from flexigpt.workflow.dag import RunGrid
+from flexigpt.workflow.dag.archive import archive_run
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,11 +1,11 @@
-"""flexigpt.stats: paired bootstrap intervals, seeds, pairing checks, verdicts (synthetic data)."""
+"""flexigpt.core.stats: paired bootstrap intervals, seeds, pairing checks, verdicts (synthetic data)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from flexigpt import stats as S
+from flexigpt.core import stats as S
 
 
 def paired_docs(rng: np.random.Generator, n: int, probs=(0.45, 0.15, 0.10, 0.30)):

@@ -16,8 +16,8 @@ from baselines.streamline.method import METHOD, span_length
 from baselines.streamline.modules import StreamlineFFN
 from baselines.streamline.span import choose_span, span_similarities
 from baselines.streamline.train import lr_at, span_pairs
-from flexigpt.models.adapters import get_adapter
-from flexigpt.params import count_parameters
+from flexigpt.core.params import count_parameters
+from flexigpt.storage.models.adapters import get_adapter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

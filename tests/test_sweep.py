@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-import flexigpt.training.tuning as tuning
-from flexigpt.artifacts import load_compressed
-from flexigpt.fileio import CheckpointError
-from flexigpt.training import TrainConfig, train_model
-from flexigpt.training.checkpoint import checkpoint_dir
-from flexigpt.training.tuning import SELECTION_FILE, run_sweep, rung_step
+import flexigpt.runtime.training.tuning as tuning
+from flexigpt.core.fileio import CheckpointError
+from flexigpt.runtime.training import TrainConfig, train_model
+from flexigpt.runtime.training.checkpoint import checkpoint_dir
+from flexigpt.runtime.training.tuning import SELECTION_FILE, run_sweep, rung_step
+from flexigpt.storage.artifacts import load_compressed
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -88,7 +88,7 @@ def test_sweep_continues_only_the_best_at_the_rung(tiny_checkpoint, text_file, t
 def test_sweep_scores_the_shared_start_once(tiny_checkpoint, text_file, tmp_path, monkeypatch):
     """Trials of one sweep start from the same state: its step-0 tune PPL is evaluated once
     and is the value an unshared run computes; a different start is scored on its own."""
-    import flexigpt.training.loop as loop
+    import flexigpt.runtime.training.loop as loop
 
     calls = []
     real = loop.perplexity

@@ -365,7 +365,7 @@ def _write_result(root: Path, method: str, variant: str, ratio: float | None, *,
 
 
 def _write_selection(root: Path, run: str, trials: list[tuple], chosen: int) -> Path:
-    """A selection record as flexigpt.training.tuning.select_trial writes it; a trial whose
+    """A selection record as flexigpt.runtime.training.tuning.select_trial writes it; a trial whose
     PPL is None diverged (lr kept, everything else null)."""
     def trial(lr, gamma, ppl):
         if ppl is None:

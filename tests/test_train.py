@@ -10,22 +10,22 @@ import pytest
 import torch
 from conftest import manifest_for
 
-from flexigpt.artifacts import load_compressed
 from flexigpt.cli import main
-from flexigpt.fileio import CheckpointError
+from flexigpt.core.fileio import CheckpointError
 from flexigpt.methods.lora import RecoveryLoRALinear, merge_lora
-from flexigpt.training import (
+from flexigpt.runtime.training import (
     TrainConfig,
     TrainingDivergedError,
     resolve_plan,
     train_loaded,
     train_model,
 )
-from flexigpt.training.checkpoint import checkpoint_dir
-from flexigpt.training.config import TrainPlan
-from flexigpt.training.optim import lr_factor
-from flexigpt.training.outputs import LOG_COLUMNS
-from flexigpt.training.recipes import apply_recipe
+from flexigpt.runtime.training.checkpoint import checkpoint_dir
+from flexigpt.runtime.training.config import TrainPlan
+from flexigpt.runtime.training.optim import lr_factor
+from flexigpt.runtime.training.outputs import LOG_COLUMNS
+from flexigpt.runtime.training.recipes import apply_recipe
+from flexigpt.storage.artifacts import load_compressed
 
 ADAPTER_PARAMS = ("lora_A", "lora_B", "gamma")
 IDS = torch.tensor([[0, 5, 17, 42, 99, 7, 3, 250]])
@@ -45,7 +45,7 @@ def small(**kw) -> TrainConfig:
 @pytest.fixture
 def flexigpt_dir(tiny_checkpoint, text_file, tmp_path):
     """The tiny Llama pruned by FlexiGPT: 1 of 4 blocks replaced by weight-shared blocks."""
-    from flexigpt.api import compress
+    from flexigpt.api.compression import compress
 
     out = tmp_path / "flexigpt"
     compress("flexigpt", str(tiny_checkpoint), out, options={"ratio": 0.25, "gamma_init": 0.1},
@@ -175,9 +175,9 @@ def test_resume_is_exact(tiny_checkpoint, text_file, tmp_path):
 
 
 def test_kept_heap_changes_no_value(flexigpt_dir, text_file, tmp_path, monkeypatch):
-    """flexigpt.memory.reuse_freed_memory (the loop's default) changes where memory comes
+    """flexigpt.core.memory.reuse_freed_memory (the loop's default) changes where memory comes
     from, never a loss or a weight: training with it and without is bit-identical."""
-    from flexigpt import memory
+    from flexigpt.core import memory
 
     cfg = small(bf16="auto", eval_windows=2)
     runs = {}
@@ -255,7 +255,7 @@ def test_plan_resolution_order():
 
 
 def test_recovery_recipe_is_typed_and_reads_old_manifests():
-    from flexigpt.registry import RecoveryRecipe
+    from flexigpt.storage.registry import RecoveryRecipe
 
     rec = RecoveryRecipe("lora", lr=1e-4, lora_rank=8, lora_targets=("q_proj",),
                          facts={"rank_source": "config"})
@@ -318,7 +318,7 @@ def test_plan_is_serialisable():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_cross_entropy_equals_torch(dtype, monkeypatch):
-    import flexigpt.training.losses as losses
+    import flexigpt.runtime.training.losses as losses
 
     monkeypatch.setattr(losses, "CHUNK_ROWS", 7)  # several chunks, a ragged last one
     torch.manual_seed(0)

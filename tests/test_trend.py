@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from flexigpt import stats as S
+from flexigpt.core import stats as S
 from flexigpt.tables import trend as T
 
 BUDGETS = np.array([1e5, 1e6, 1e7, 1e8])

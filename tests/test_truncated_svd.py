@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import load_benchmark, make_model
 
-from flexigpt.methods.base_selection import truncations
-from flexigpt.methods.prune import FlexiGPTConfig, compress
+from flexigpt.methods.flexigpt.base_selection import truncations
+from flexigpt.methods.flexigpt.prune import FlexiGPTConfig, compress
 from flexigpt.methods.truncated_svd import AUTO_MIN_SIDE, resolve, thin_svd, top_svd
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -86,7 +86,7 @@ def test_truncations_exact_unchanged_and_randomized_close():
 
 def near_copies() -> torch.nn.Module:
     """A 6-block random model whose blocks 1 and 4 are near copies of blocks 0 and 5."""
-    from flexigpt.models.adapters import get_adapter
+    from flexigpt.storage.models.adapters import get_adapter
 
     model = make_model(layers=6, kv_heads=2)
     adapter = get_adapter(model)
@@ -126,8 +126,8 @@ def test_close_calls_of_a_randomized_truncation_are_rechecked_exactly(margin, mo
     order them differently. With the margin wide enough to recheck every candidate, the
     choice and the distances are exactly the exact solver's; with no margin nothing is
     rechecked (no exact ties between approximate distances)."""
-    from flexigpt.methods import base_selection
-    from flexigpt.models.adapters import get_adapter
+    from flexigpt.methods.flexigpt import base_selection
+    from flexigpt.storage.models.adapters import get_adapter
 
     model = make_model(layers=6, kv_heads=2)
     adapter = get_adapter(model)
@@ -154,8 +154,8 @@ def test_margins_of_decided_choices():
     """bench_truncated_svd's step 4 on near copies (blocks 1 and 4 of 0 and 5): the exact
     margins are wide, the randomized distances (no recheck) choose the same bases, and the
     distances it compares against are those of the exact run, entry for entry."""
-    from flexigpt.methods.base_selection import candidate_distances
-    from flexigpt.models.adapters import get_adapter
+    from flexigpt.methods.flexigpt.base_selection import candidate_distances
+    from flexigpt.storage.models.adapters import get_adapter
 
     model = near_copies()
     adapter = get_adapter(model)
@@ -185,8 +185,9 @@ def test_auto_probe_decomposes_exactly_when_every_candidate_is_a_close_call(marg
     selection, no recheck); otherwise (margin 0) it keeps the probe's distances and equals the
     randomized solver's selection bit for bit (the probe is the first kind, so the sums run in
     the same order)."""
-    from flexigpt.methods import base_selection, truncated_svd
-    from flexigpt.models.adapters import get_adapter
+    from flexigpt.methods import truncated_svd
+    from flexigpt.methods.flexigpt import base_selection
+    from flexigpt.storage.models.adapters import get_adapter
 
     model = make_model(layers=6, kv_heads=2)
     adapter = get_adapter(model)

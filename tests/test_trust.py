@@ -17,10 +17,8 @@ import pytest
 import torch
 from conftest import ROOT, make_model, make_text, manifest_for
 
-from flexigpt.artifacts import load_compressed, read_manifest
 from flexigpt.cli import main as cli_main
-from flexigpt.export.publish import publish_compressed as save_compressed
-from flexigpt.fileio import (
+from flexigpt.core.fileio import (
     MANIFEST,
     MARKER,
     CheckpointError,
@@ -28,11 +26,13 @@ from flexigpt.fileio import (
     sha256_file,
     verify_marker,
 )
-from flexigpt.fileio import outputs as fileio_outputs
-from flexigpt.manifest import manifest_hash
-from flexigpt.models.checkpoint_format import MODELING_FILE
-from flexigpt.models.loading import ModelLoadError, family_config, load_model
-from flexigpt.registry import get_method
+from flexigpt.core.fileio import outputs as fileio_outputs
+from flexigpt.export.publish import publish_compressed as save_compressed
+from flexigpt.storage.artifacts import load_compressed, read_manifest
+from flexigpt.storage.manifest import manifest_hash
+from flexigpt.storage.models.checkpoint_format import MODELING_FILE
+from flexigpt.storage.models.loading import ModelLoadError, family_config, load_model
+from flexigpt.storage.registry import get_method
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

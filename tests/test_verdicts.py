@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flexigpt import stats as S
-from flexigpt.evaluation.results import write_records
+from flexigpt.core import stats as S
+from flexigpt.runtime.evaluation.results import write_records
 from flexigpt.tables import build, build_all, claim_rows, timing_claims, verdicts
 from flexigpt.tables.collect import collect_results
 from flexigpt.tables.comparisons import OK, Comparator, Diff
@@ -176,7 +176,7 @@ def test_intervals_in_table1_cover_the_point_value(tmp_path):
 
 
 def test_records_are_loaded_once_and_bootstrap_is_deterministic(tmp_path, monkeypatch):
-    from flexigpt.evaluation import results
+    from flexigpt.runtime.evaluation import results
 
     root = grid(tmp_path / "r", -0.1, WIN, NONE)
     calls = []

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flexigpt.dag import RunGrid
-from flexigpt.registry import METHODS
+from flexigpt.storage.registry import METHODS
+from flexigpt.workflow.dag import RunGrid
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -64,7 +64,7 @@ def test_job_conda_env_pins_match_environment_yml():
 def test_checkout_on_pythonpath(monkeypatch, tmp_path):
     import os
 
-    from flexigpt.workflow_support import checkout_on_pythonpath
+    from flexigpt.workflow.support import checkout_on_pythonpath
 
     monkeypatch.setenv("PYTHONPATH", f"/other{os.pathsep}{tmp_path}")
     checkout_on_pythonpath(tmp_path)
@@ -259,8 +259,8 @@ def test_slurm_profile_reads_account_and_partitions_from_the_environment():
 
 
 def test_schema_lists_every_resource_model_builder():
-    from flexigpt.config_paths import RESOURCE_MODELS
-    from flexigpt.resources import LAYOUT
+    from flexigpt.runtime.resources import LAYOUT
+    from flexigpt.workflow.config_paths import RESOURCE_MODELS
 
     schema = load("workflow/schemas/config.schema.yaml")
     enum = schema["properties"]["model"]["properties"]["resource"]["enum"]

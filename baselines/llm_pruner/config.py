@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flexigpt.registry import validate_ratio
+from flexigpt.storage.registry import validate_ratio
 
 POLICIES = ("matched", "paper")
 
@@ -15,7 +15,7 @@ class LLMPrunerConfig:
 
     Attributes:
         ratio: with ``policy="matched"`` the parameter reduction target (whole model,
-            embeddings and head counted, ``flexigpt.params.count_parameters``); with
+            embeddings and head counted, ``flexigpt.core.params.count_parameters``); with
             ``policy="paper"`` LLM-Pruner's ``--pruning_ratio``, the fraction of groups (heads
             and FFN channels) removed in each pruned layer (paper label: 0.25 on layers
             [4, 30) of LLaMA-7B is its "20 %", 19.5 % of the parameters).

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from flexigpt.devices import model_device
-from flexigpt.models.adapters import get_adapter
+from flexigpt.core.devices import model_device
+from flexigpt.storage.models.adapters import get_adapter
 
 log = logging.getLogger(__name__)
 

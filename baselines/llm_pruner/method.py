@@ -33,10 +33,10 @@ from torch import nn
 from baselines.llm_pruner.config import LLMPrunerConfig
 from baselines.llm_pruner.importance import group_importance
 from baselines.llm_pruner.surgery import apply_structure, head_dim_of, prune_block, structure_of
-from flexigpt.artifacts import empty_model
-from flexigpt.models.adapters import ArchAdapter, get_adapter
-from flexigpt.params import count_parameters
-from flexigpt.registry import CompressionResult, Method, NotExportable, RecoveryRecipe
+from flexigpt.core.params import count_parameters
+from flexigpt.storage.artifacts import empty_model
+from flexigpt.storage.models.adapters import ArchAdapter, get_adapter
+from flexigpt.storage.registry import CompressionResult, Method, NotExportable, RecoveryRecipe
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ RECOVERY = RecoveryRecipe("lora", lr=1e-4, lora_rank=8, lora_alpha=16.0, lora_dr
 
 
 def recovery_recipe(adapter: ArchAdapter) -> dict[str, Any]:
-    """``info["recovery"]`` read by ``flexigpt.training.config.resolve_plan``: :data:`RECOVERY`
+    """``info["recovery"]`` read by ``flexigpt.runtime.training.config.resolve_plan``: :data:`RECOVERY`
     with ``targets`` = the adapter's attention and MLP linears (short names)."""
     targets = tuple(dict.fromkeys(adapter.attn_linears + adapter.mlp_linears))
     return dataclasses.replace(RECOVERY, lora_targets=targets).to_dict()

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from flexigpt.models.adapters import ArchAdapter, get_adapter
+from flexigpt.storage.models.adapters import ArchAdapter, get_adapter
 
 
 def head_dim_of(model: nn.Module) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from flexigpt.block_count import check_count_options
+from flexigpt.methods.block_count import check_count_options
 
 #: How ``T`` is estimated: closed-form least squares, or Adam on the cosine objective.
 OBJECTIVES = ("lstsq", "cosine")
@@ -22,7 +22,7 @@ class ReplaceMeConfig:
 
     Attributes:
         ratio: compression target in (0, 1).
-        policy: how ``ratio`` becomes the span length n (:mod:`flexigpt.block_count`, the rule
+        policy: how ``ratio`` becomes the span length n (:mod:`flexigpt.methods.block_count`, the rule
             ShortGPT and FlexiGPT use): ``matched`` (the n whose parameter reduction is
             nearest to ``ratio``, or to ``match_ratio`` when set) or ``paper``
             (n = int(ratio · L)). The map ``T`` is folded into existing weights, so removing

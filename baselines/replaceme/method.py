@@ -19,13 +19,13 @@ from baselines.replaceme.transform import (
     mlp_writer,
     span_activations,
 )
-from flexigpt.artifacts import empty_model
-from flexigpt.block_count import block_count, uniform_block_size
+from flexigpt.core.params import compression_ratio, count_parameters
+from flexigpt.methods.block_count import block_count, uniform_block_size
 from flexigpt.methods.lora import lora_recovery
-from flexigpt.models.adapters import get_adapter
-from flexigpt.params import compression_ratio, count_parameters
-from flexigpt.registry import CompressionResult, Method
-from flexigpt.structure import check_removed_blocks
+from flexigpt.storage.artifacts import empty_model
+from flexigpt.storage.models.adapters import get_adapter
+from flexigpt.storage.registry import CompressionResult, Method
+from flexigpt.storage.structure import check_removed_blocks
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from flexigpt.hooked_forward import StopForward, forward_batches, hook_output, registered
-from flexigpt.models.adapters import ArchAdapter, get_adapter
+from flexigpt.methods.hooked_forward import StopForward, forward_batches, hook_output, registered
+from flexigpt.storage.models.adapters import ArchAdapter, get_adapter
 
 
 def mlp_writer(adapter: ArchAdapter, block: nn.Module) -> nn.Linear:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flexigpt.block_count import POLICIES
-from flexigpt.block_influence import validate_scores
-from flexigpt.registry import validate_ratio
+from flexigpt.methods.block_count import POLICIES
+from flexigpt.methods.block_influence import validate_scores
+from flexigpt.storage.registry import validate_ratio
 
 
 @dataclass
@@ -15,9 +15,9 @@ class ShortGPTConfig:
 
     Attributes:
         ratio: compression target in (0, 1).
-        policy: how ``ratio`` becomes a block count k (:mod:`flexigpt.block_count`, the rule
+        policy: how ``ratio`` becomes a block count k (:mod:`flexigpt.methods.block_count`, the rule
             FlexiGPT uses too). ``"matched"``: the k whose parameter reduction
-            (``flexigpt.params.count_parameters``, embeddings and head included) is nearest
+            (``flexigpt.core.params.count_parameters``, embeddings and head included) is nearest
             to ``ratio`` — or to ``match_ratio`` when set (ties: fewer blocks);
             ``"paper"``: k = int(ratio · L), the FlexiGPT paper's label (9 of 32 blocks for
             "30 %" on LLaMA-2-7B, which is 27 % of its parameters).

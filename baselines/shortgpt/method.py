@@ -1,6 +1,6 @@
 """ShortGPT: one-shot removal of the k decoder blocks with the lowest Block Influence.
 
-Block Influence comes from :func:`flexigpt.block_influence.block_influence` (the harness's one
+Block Influence comes from :func:`flexigpt.methods.block_influence.block_influence` (the harness's one
 implementation, shared with FlexiGPT): BI_i = 1 − mean cos(X_i, X_{i+1}) over every token of
 the calibration windows, fp32, hooks on the blocks. The k lowest-BI blocks are deleted at once
 (BI is not recomputed) through ``ArchAdapter.set_layers``, which renumbers the KV-cache
@@ -23,15 +23,15 @@ from typing import Any
 from torch import nn
 
 from baselines.shortgpt.config import ShortGPTConfig, ShortGPTLoRAConfig
-from flexigpt.artifacts import empty_model
-from flexigpt.block_count import block_count
-from flexigpt.block_influence import lowest_blocks, scores_for
+from flexigpt.core.params import compression_ratio, count_parameters
+from flexigpt.methods.block_count import block_count
+from flexigpt.methods.block_influence import lowest_blocks, scores_for
 from flexigpt.methods.lora import lora_params_per_rank, lora_rank_problem
 from flexigpt.methods.surgery import check_flexigpt_rank
-from flexigpt.models.adapters import ArchAdapter, get_adapter
-from flexigpt.params import compression_ratio, count_parameters
-from flexigpt.registry import CompressionResult, Method, RecoveryRecipe
-from flexigpt.structure import check_removed_blocks
+from flexigpt.storage.artifacts import empty_model
+from flexigpt.storage.models.adapters import ArchAdapter, get_adapter
+from flexigpt.storage.registry import CompressionResult, Method, RecoveryRecipe
+from flexigpt.storage.structure import check_removed_blocks
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 def choose_k(model: nn.Module, scores: list[float], cfg: ShortGPTConfig) -> tuple[int, float]:
     """Block count for ``cfg`` and the parameter reduction that removing them achieves.
 
-    The rule is :func:`flexigpt.block_count.block_count` (shared with FlexiGPT), with the
+    The rule is :func:`flexigpt.methods.block_count.block_count` (shared with FlexiGPT), with the
     achieved ratio ``1 − params(without the k lowest-BI blocks)/params(dense)`` counted by
     ``count_parameters`` (embeddings and head included); ``matched`` aims at
     ``cfg.match_ratio`` when given, else at ``cfg.ratio``.
@@ -142,7 +142,7 @@ def card_lines(manifest: Any) -> list[str]:
 
 def lora_size_problem(model: nn.Module, cfg: ShortGPTLoRAConfig) -> tuple[str, str] | None:
     """``Method.check_sizes`` of ShortGPT + LoRA: the FlexiGPT rank its budget is matched to
-    (the bound ``flexigpt.api.compress`` applies to FlexiGPT) and the LoRA rank."""
+    (the bound ``flexigpt.api.compression.compress`` applies to FlexiGPT) and the LoRA rank."""
     if cfg.flexigpt_rank is not None:
         try:
             check_flexigpt_rank(model, SimpleNamespace(rank=cfg.flexigpt_rank))

@@ -3,7 +3,7 @@
 A :class:`Plan` gives the residual width at every point: the embedding output ``embed``,
 after each block's attention ``mid[i]`` and after each block ``out[i]`` (the input of block
 ``i`` is ``out[i-1]``, or ``embed`` for block 0). ``predict_parameters`` counts exactly what
-``flexigpt.params.count_parameters`` will count on the sliced model (tests check this):
+``flexigpt.core.params.count_parameters`` will count on the sliced model (tests check this):
 
     V·d₀ (embedding) + P·d₀ (learned positions, OPT)
     + head [V·d_L (+V bias: the head's own, or a final LayerNorm's shift) untied
@@ -26,8 +26,8 @@ from typing import Any
 from torch import nn
 
 from baselines.slicegpt.fusion import head_gets_bias
-from flexigpt.models.adapters import ArchAdapter
-from flexigpt.params import count_parameters
+from flexigpt.core.params import count_parameters
+from flexigpt.storage.models.adapters import ArchAdapter
 
 
 @dataclass

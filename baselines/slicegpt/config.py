@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from baselines.slicegpt.activations import STORES
-from flexigpt.registry import validate_ratio
+from flexigpt.storage.registry import validate_ratio
 
 TARGETS = ("parameters", "slicing_fraction")
 HEADS = ("auto", "unsliced", "sliced", "tied")
@@ -22,7 +22,7 @@ class SliceGPTConfig:
     Attributes:
         ratio: with ``target="parameters"`` the whole-model parameter reduction
             ``1 − params(sliced)/params(dense)`` (embeddings, head and shortcut matrices
-            counted, shared storage once — ``flexigpt.params.count_parameters``); with
+            counted, shared storage once — ``flexigpt.core.params.count_parameters``); with
             ``target="slicing_fraction"`` the paper's "slicing" s, width ``int((1−s)·D)``
             rounded down to ``round_to``.
         target: ``"parameters"`` (solve the width from a parameter target) or

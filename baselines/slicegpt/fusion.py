@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from baselines.slicegpt.modules import RMSN, SlicedBlock, scale_columns_
-from flexigpt.models.adapters import ArchAdapter
+from flexigpt.storage.models.adapters import ArchAdapter
 
 log = logging.getLogger(__name__)
 

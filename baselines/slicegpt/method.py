@@ -33,12 +33,12 @@ from baselines.slicegpt.fusion import (
 )
 from baselines.slicegpt.modules import RMSN, ProjectedRMSN, resize_linear, set_shortcut
 from baselines.slicegpt.rotate import rotate_and_slice
-from flexigpt.artifacts import empty_model
-from flexigpt.memory import release_freed_memory
+from flexigpt.core.memory import release_freed_memory
+from flexigpt.core.params import count_parameters
 from flexigpt.methods.lora import lora_rank_problem
-from flexigpt.models.adapters import ArchAdapter, get_adapter
-from flexigpt.params import count_parameters
-from flexigpt.registry import CompressionResult, Method, NotExportable, RecoveryRecipe
+from flexigpt.storage.artifacts import empty_model
+from flexigpt.storage.models.adapters import ArchAdapter, get_adapter
+from flexigpt.storage.registry import CompressionResult, Method, NotExportable, RecoveryRecipe
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def rft_targets(adapter: ArchAdapter) -> list[str]:
 
 
 def recovery_recipe(cfg: SliceGPTConfig, adapter: ArchAdapter) -> dict[str, Any]:
-    """``info["recovery"]`` for the shared trainer (``flexigpt.training.config.resolve_plan``)."""
+    """``info["recovery"]`` for the shared trainer (``flexigpt.runtime.training.config.resolve_plan``)."""
     if cfg.recovery == "none":
         return RecoveryRecipe("none").to_dict()
     return RecoveryRecipe("lora", lr=cfg.lora_lr, lora_rank=cfg.lora_rank,

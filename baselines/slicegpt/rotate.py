@@ -33,9 +33,9 @@ from baselines.slicegpt.modules import (
     set_shortcut,
 )
 from baselines.slicegpt.pca import SecondMoment, kept_energy, random_orientation
-from flexigpt.hooked_forward import StopForward, forward_batches, hook_input, registered
-from flexigpt.memory import release_freed_memory
-from flexigpt.models.adapters import ArchAdapter
+from flexigpt.core.memory import release_freed_memory
+from flexigpt.methods.hooked_forward import StopForward, forward_batches, hook_input, registered
+from flexigpt.storage.models.adapters import ArchAdapter
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from flexigpt.block_count import check_count_options
+from flexigpt.methods.block_count import check_count_options
 
 #: The lightweight replacement: one decoder block initialised from the span's first block
 #: (the official code's default, a stock architecture) or a 2-layer ReLU FFN (d → 4d → d).
@@ -18,7 +18,7 @@ class StreamlineConfig:
 
     Attributes:
         ratio: compression target in (0, 1).
-        policy: how ``ratio`` becomes the span length n (:mod:`flexigpt.block_count`, the
+        policy: how ``ratio`` becomes the span length n (:mod:`flexigpt.methods.block_count`, the
             harness's one rule): the parameters saved are n blocks' minus the module's, so
             ``matched`` lands within half a block step of ``match_ratio`` (FlexiGPT's
             achieved ratio, passed by the DAG) or of ``ratio``.

@@ -23,13 +23,13 @@ from baselines.streamline.config import StreamlineConfig
 from baselines.streamline.modules import StreamlineFFN
 from baselines.streamline.span import choose_span, span_similarities
 from baselines.streamline.train import fit_module, span_pairs
-from flexigpt.artifacts import empty_model
-from flexigpt.block_count import block_count, uniform_block_size, unique_param_count
+from flexigpt.core.params import compression_ratio
+from flexigpt.methods.block_count import block_count, uniform_block_size, unique_param_count
 from flexigpt.methods.lora import lora_recovery
-from flexigpt.models.adapters import get_adapter
-from flexigpt.params import compression_ratio
-from flexigpt.registry import CompressionResult, Method
-from flexigpt.structure import block_span, check_block_count, dense_block_count
+from flexigpt.storage.artifacts import empty_model
+from flexigpt.storage.models.adapters import get_adapter
+from flexigpt.storage.registry import CompressionResult, Method
+from flexigpt.storage.structure import block_span, check_block_count, dense_block_count
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _achieved(dense: int, per_block: int, added: int) -> Callable[[int], float]:
 
 
 def span_length(model: nn.Module, cfg: StreamlineConfig) -> tuple[int, float]:
-    """The span length n (:func:`flexigpt.block_count.block_count` on the net saving: n
+    """The span length n (:func:`flexigpt.methods.block_count.block_count` on the net saving: n
     blocks removed, the module added) and the ratio it achieves.
 
     Raises:

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from flexigpt.hooked_forward import forward_batches, hook_input, hook_output, registered
-from flexigpt.models.adapters import get_adapter
+from flexigpt.methods.hooked_forward import forward_batches, hook_input, hook_output, registered
+from flexigpt.storage.models.adapters import get_adapter
 
 
 @torch.no_grad()

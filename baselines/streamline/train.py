@@ -20,14 +20,14 @@ import torch
 from torch import nn
 
 from baselines.streamline.config import StreamlineConfig
-from flexigpt.hooked_forward import (
+from flexigpt.methods.hooked_forward import (
     StopForward,
     forward_batches,
     hook_input,
     hook_output,
     registered,
 )
-from flexigpt.models.adapters import get_adapter
+from flexigpt.storage.models.adapters import get_adapter
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@
 
 The card states what the directory holds (method, requested and achieved ratio, parameters,
 what is shared or removed, recovery training, provenance) and how to load it; with a
-schema-1 result JSON (``flexigpt.evaluation.results``) it adds perplexity and zero-shot
+schema-1 result JSON (``flexigpt.runtime.evaluation.results``) it adds perplexity and zero-shot
 scores with 95 % intervals (±1.96 · stderr). Publishing
 (:func:`flexigpt.export.publish.publish_compressed`) writes one into every published model
 directory; call it again with the result JSON once the model is evaluated.
@@ -15,12 +15,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flexigpt.artifacts import read_manifest
-from flexigpt.fileio import MANIFEST, atomic_write_text
-from flexigpt.models.checkpoint_format import compression_spec
+from flexigpt.core.fileio import MANIFEST, atomic_write_text
+from flexigpt.storage.artifacts import read_manifest
+from flexigpt.storage.models.checkpoint_format import compression_spec
 
 if TYPE_CHECKING:
-    from flexigpt.manifest import Manifest
+    from flexigpt.storage.manifest import Manifest
 
 CARD = "README.md"
 
@@ -37,7 +37,7 @@ def _num(value: Any, digits: int = 4) -> str:
 
 def _method(name: str) -> Any:
     """The registry's method of a saved model, or None for a key it does not know."""
-    from flexigpt.registry import UnknownMethodError, get_method
+    from flexigpt.storage.registry import UnknownMethodError, get_method
 
     try:
         return get_method(name)

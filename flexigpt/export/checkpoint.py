@@ -19,8 +19,8 @@ cannot replay (or a mismatch) keeps the custom type but gets no ``auto_map``
 (``remote_code: false`` with the reason), so only ``flexigpt.load_compressed`` loads it.
 
 The facts of that format the loaders read (``KEY``, ``MODEL_TYPE``, ``base_config_dict``,
-``compression_spec`` ...) live in :mod:`flexigpt.models.checkpoint_format`, ``family_config`` in
-:mod:`flexigpt.models.loading`; they are still importable from here.
+``compression_spec`` ...) live in :mod:`flexigpt.storage.models.checkpoint_format`, ``family_config`` in
+:mod:`flexigpt.storage.models.loading`; they are still importable from here.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from flexigpt.models.checkpoint_format import (
+from flexigpt.storage.models.checkpoint_format import (
     ADDED_KEYS,
     FORMAT,
     KEY,
@@ -45,12 +45,12 @@ from flexigpt.models.checkpoint_format import (
     base_config_dict,
     compression_spec,
 )
-from flexigpt.models.loading import family_config
+from flexigpt.storage.models.loading import family_config
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from flexigpt.manifest import Manifest
+    from flexigpt.storage.manifest import Manifest
 
 __all__ = ["ADDED_KEYS", "FORMAT", "KEY", "MODELING_FILE", "MODEL_TYPE", "base_config_dict",
            "compression_spec", "family_config", "make_self_contained", "plain_mismatch",
@@ -62,12 +62,12 @@ log = logging.getLogger(__name__)
 def _standalone() -> ModuleType:
     """The standalone modeling file, imported on first use (it loads the transformers model
     classes of every family it replays, too heavy for ``import flexigpt``), checked to agree
-    with :mod:`flexigpt.models.checkpoint_format` on ``MODEL_TYPE`` / ``KEY`` / ``FORMAT``."""
+    with :mod:`flexigpt.storage.models.checkpoint_format` on ``MODEL_TYPE`` / ``KEY`` / ``FORMAT``."""
     from flexigpt.export import modeling_flexigpt_compressed as standalone
 
     if (standalone.MODEL_TYPE, standalone.KEY, standalone.FORMAT) != (MODEL_TYPE, KEY, FORMAT):
         raise ImportError("flexigpt/export/modeling_flexigpt_compressed.py and "
-                          "flexigpt/models/checkpoint_format.py disagree on MODEL_TYPE / KEY "
+                          "flexigpt/storage/models/checkpoint_format.py disagree on MODEL_TYPE / KEY "
                           "/ FORMAT")
     return standalone
 

@@ -12,7 +12,7 @@ server that knows the family (vLLM, TGI, llama.cpp converters) takes it:
   copied). Exact up to the rounding of that sum, but it stores every block again, so the
   export has the *dense* model's parameter count: the compression is gone.
 
-Each of these is the method's own ``plain`` hook (:class:`flexigpt.registry.Method`); what
+Each of these is the method's own ``plain`` hook (:class:`flexigpt.storage.registry.Method`); what
 cannot be exported (:class:`NotExportable`, the CLI exits 2):
 
 * FlexiGPT with output norm (the default): a mean-centring LayerNorm × γ on the attention
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flexigpt.registry import NotExportable
+from flexigpt.storage.registry import NotExportable
 
 if TYPE_CHECKING:  # transformers itself is imported on first use
     from transformers import PreTrainedModel
@@ -51,7 +51,7 @@ def plain_model(loaded: Any, unshare: bool = False) -> tuple[PreTrainedModel, st
         NotExportable: there is none (or ``unshare`` is needed and not given).
     """
     from flexigpt.export.checkpoint import plain_mismatch
-    from flexigpt.registry import get_method
+    from flexigpt.storage.registry import get_method
 
     model, manifest = loaded.model, loaded.manifest
     reason = plain_mismatch(model)
@@ -83,12 +83,12 @@ def export_plain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     """
     from transformers import AutoModelForCausalLM
 
-    from flexigpt.artifacts import load_compressed
+    from flexigpt.core.fileio import atomic_directory, check_output
+    from flexigpt.core.params import count_parameters
     from flexigpt.export.checkpoint import plain_mismatch
-    from flexigpt.fileio import atomic_directory, check_output
-    from flexigpt.manifest import manifest_hash
-    from flexigpt.models.loading import parse_dtype
-    from flexigpt.params import count_parameters
+    from flexigpt.storage.artifacts import load_compressed
+    from flexigpt.storage.manifest import manifest_hash
+    from flexigpt.storage.models.loading import parse_dtype
 
     model_dir = Path(model_dir)
     check_output(out_dir, "export", force)  # before loading anything

@@ -1,6 +1,6 @@
 """``publish_compressed``: save a compressed model so the ecosystem can load it.
 
-A published directory is what :func:`flexigpt.artifacts.save_compressed` writes (weights,
+A published directory is what :func:`flexigpt.storage.artifacts.save_compressed` writes (weights,
 ``config.json``, tokenizer, ``manifest.json``, marker) plus the two export steps:
 
 * inside the staging directory, before any file is hashed into the manifest:
@@ -11,7 +11,7 @@ A published directory is what :func:`flexigpt.artifacts.save_compressed` writes 
 * after ``manifest.json`` is written: :func:`flexigpt.export.card.write_model_card`
   (``README.md``, a record file the manifest does not list).
 
-Every harness caller that saves a model for others to use (``flexigpt.api.compress``, the
+Every harness caller that saves a model for others to use (``flexigpt.api.compression.compress``, the
 trainer) publishes through here.
 """
 
@@ -23,18 +23,18 @@ from typing import Any
 
 from torch import nn
 
-from flexigpt.artifacts import save_compressed
 from flexigpt.export.card import write_model_card
 from flexigpt.export.checkpoint import make_self_contained
-from flexigpt.manifest import Manifest
+from flexigpt.storage.artifacts import save_compressed
+from flexigpt.storage.manifest import Manifest
 
 
 def publish_compressed(model: nn.Module, tokenizer: Any, manifest: Manifest,
                        out_dir: str | os.PathLike, force: bool | None = None) -> Manifest:
     """Save ``model`` atomically to ``out_dir`` as a self-contained, carded checkpoint.
 
-    Same arguments, return value and errors as :func:`flexigpt.artifacts.save_compressed`
-    (``manifest`` must be a :class:`flexigpt.manifest.Manifest`, checked before anything
+    Same arguments, return value and errors as :func:`flexigpt.storage.artifacts.save_compressed`
+    (``manifest`` must be a :class:`flexigpt.storage.manifest.Manifest`, checked before anything
     is written; ``force`` replaces an ``out_dir`` that is not a saved model).
 
     Returns:

@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from flexigpt.artifacts import empty_model
-from flexigpt.registry import CompressionResult, Method
+from flexigpt.storage.artifacts import empty_model
+from flexigpt.storage.registry import CompressionResult, Method
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ def lora_recovery(adapter: Any) -> dict[str, Any]:
     """``info["recovery"]`` of a method whose recovered variant trains LoRA on every attention
     and MLP linear of the remaining blocks (rank set by the DAG's ``budget`` to FlexiGPT's
     trainable count, as for ShortGPT + LoRA); read only when a run sets ``recovery: true``."""
-    from flexigpt.registry import RecoveryRecipe
+    from flexigpt.storage.registry import RecoveryRecipe
 
     return RecoveryRecipe("lora", lora_targets=tuple(
         dict.fromkeys(adapter.attn_linears + adapter.mlp_linears))).to_dict()

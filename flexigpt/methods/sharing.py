@@ -47,7 +47,7 @@ class SharedLoRALinear(nn.Module):
     ``linear_fn`` (instance attribute, ``F.linear`` by default) computes every product of
     the forward (``linear_fn(x, weight, bias=None)``, the contract of ``F.linear``); the
     decode loops swap in their few-row form for their duration
-    (``flexigpt.generation.few_rows.routed_linears``).
+    (``flexigpt.runtime.generation.few_rows.routed_linears``).
     """
 
     merge_min_tokens_factor: ClassVar[float] = 1.0

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import SymInt, nn
 
+from flexigpt.core.params import count_parameters
 from flexigpt.methods.sharing import OutputNorm, SharedLoRALinear
 from flexigpt.methods.truncated_svd import top_svd
-from flexigpt.models.adapters import ArchAdapter, get_adapter
-from flexigpt.params import count_parameters
+from flexigpt.storage.models.adapters import ArchAdapter, get_adapter
 
 #: value used by OutputNorm as variance guard; recorded in every structure
 OUTPUT_NORM_EPS = 1e-6
@@ -233,7 +233,7 @@ def check_rank(adapter: ArchAdapter, block: nn.Module, rank: int, hidden_size: i
 def check_flexigpt_rank(model: nn.Module, cfg: object) -> None:
     """:func:`check_rank` for a FlexiGPT pruning config (``rank`` None → hidden/16) on
     ``model``, and its ``distance_rank`` (when set) against the largest matrix rank of a
-    block, before any work. Called by ``flexigpt.api.compress`` and the DAG's config check."""
+    block, before any work. Called by ``flexigpt.api.compression.compress`` and the DAG's config check."""
     adapter = get_adapter(model)
     config: Any = model.config  # an HF config: its fields vary by family
     hidden = config.hidden_size

@@ -22,7 +22,7 @@ Solvers (:data:`SOLVERS`; FlexiGPT's ``svd`` option):
 * ``auto``: ``randomized`` where the smaller side of the matrix is at least
   :data:`AUTO_MIN_SIDE` (below it an exact SVD takes milliseconds; SmolLM2-135M, hidden 576,
   stays exact and bit-identical), else ``exact``. Base selection adds a probe to ``auto``
-  (:mod:`flexigpt.methods.base_selection`): where nearly every candidate base is a close
+  (:mod:`flexigpt.methods.flexigpt.base_selection`): where nearly every candidate base is a close
   call, as on i.i.d. random weights, its truncations are all exact.
 
 FlexiGPT's default is ``exact`` until ``benchmarks/bench_truncated_svd.py`` and

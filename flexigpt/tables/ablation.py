@@ -6,7 +6,7 @@ import logging
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import STAGES
 from flexigpt.tables.intervals import with_errors
 from flexigpt.tables.labels import ABLATIONS, display_name, slug

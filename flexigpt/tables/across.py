@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flexigpt import stats
+from flexigpt.core import stats
 from flexigpt.tables.decision import (
     CONTRADICTED,
     LOG_PPL_MARGIN,
@@ -91,7 +91,7 @@ def summary(classes: Sequence[str], single_seed: bool = False) -> str:
 def vs_skip(low: float | None, high: float | None,
             margin: float = LOG_PPL_MARGIN) -> str | None:
     """A replacement row's Δ log-PPL vs skip decided by the verdicts' interval rule
-    (:func:`flexigpt.stats.verdict`, claim "lower", ``margin`` nats): :data:`BETTER`,
+    (:func:`flexigpt.core.stats.verdict`, claim "lower", ``margin`` nats): :data:`BETTER`,
     :data:`WORSE`, :data:`TIED` or "undecided"; None without an interval (the skip row)."""
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return None

@@ -2,7 +2,7 @@
 ``fig_budget_<model>_r<ratio>.png``.
 
 A *ladder* is one Table 1 run pair recovered again at several token budgets (the DAG's
-``budget:`` section, :func:`flexigpt.dag.budget_runs`): result rows of table ``budget``
+``budget:`` section, :func:`flexigpt.workflow.dag.budget_runs`): result rows of table ``budget``
 (variant ``tok<n>``, labels ``budget_tokens`` / ``budget_variant``), one pair per budget
 (:func:`flexigpt.tables.trend.budget_pairs`; the Table 1 pair is the point at
 ``training.tokens``). At each budget the like-for-like pair (:data:`PAIR`: FlexiGPT* and
@@ -10,7 +10,7 @@ ShortGPT + LoRA* at matched compression and trainable count) gives the paired di
 FlexiGPT − ShortGPT + LoRA in log-PPL (nats) and in the five-task average (points), on the
 same test documents.
 
-All budgets of one metric are resampled jointly (:func:`flexigpt.stats.paired_replicates`:
+All budgets of one metric are resampled jointly (:func:`flexigpt.core.stats.paired_replicates`:
 one document draw per replicate for every budget), so the per-budget intervals and the
 fitted line Δ = a + b·log10(tokens) (:func:`flexigpt.tables.trend_fit.fit_trend`, percentile
 intervals over the replicates' fits) keep the budgets' covariance. The fit is extrapolated
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flexigpt import stats
+from flexigpt.core import stats
 from flexigpt.tables import trend
 from flexigpt.tables.budget_strategies import (
     Strategy,
@@ -119,7 +119,7 @@ def _notes(frame: pd.DataFrame) -> list[str]:
              "Table 1) recovered for exactly that many tokens, each run with its own warm-up "
              "+ cosine schedule ending at its budget (never a checkpoint of a longer run). "
              f"Δ = {la} − {lb}, paired over the same test documents / windows, all budgets "
-             "of one metric resampled jointly (flexigpt.stats.paired_replicates); 95% "
+             "of one metric resampled jointly (flexigpt.core.stats.paired_replicates); 95% "
              "percentile intervals. Log-PPL in nats, Avg in points; – = not evaluated at "
              "that budget (e.g. tasks only at the largest).",
              "Seeds: training runs per side (A+B). Several seeds are resampled (seeds, then "

@@ -3,7 +3,7 @@
 
 Each strategy recovered on the ladder (every method with a result of table ``budget``, at
 its recovered variant; the Table 1 run is its point at ``training.tokens``) is compared
-with the comparator (ShortGPT + LoRA*, :data:`flexigpt.registry.ROLES`) at every budget
+with the comparator (ShortGPT + LoRA*, :data:`flexigpt.storage.registry.ROLES`) at every budget
 both were measured: the paired difference in log-PPL (nats) and in the five-task average
 (points), all budgets of one strategy resampled jointly, seeds resampled where a point has
 several and a one-seed side given the seed spread measured nearest
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from flexigpt import stats
-from flexigpt.registry import ROLES
+from flexigpt.core import stats
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.labels import method_label, slug

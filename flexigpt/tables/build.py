@@ -15,7 +15,7 @@ import logging
 
 import pandas as pd
 
-from flexigpt.registry import METHODS, ROLES
+from flexigpt.storage.registry import METHODS, ROLES
 from flexigpt.tables.collect import RECOVERY_COLUMNS, SETTING_KEYS, TASKS, classify
 from flexigpt.tables.columns import (
     METRIC_BEST,
@@ -99,7 +99,7 @@ def _block_rule_note(agg: pd.DataFrame, model: str, ours: pd.DataFrame) -> str |
                            if METHODS[m].replacement is not None and m != ROLES.subject)
         parts.append(f"All rows of one ratio target the same achieved compression; {subject} "
                      f"and its like-for-like baselines ({others}) share the "
-                     "block-count rule (flexigpt/block_count.py, policy 'matched'): each "
+                     "block-count rule (flexigpt/methods/block_count.py, policy 'matched'): each "
                      f"baseline targets the achieved ratio of the {subject} model it is "
                      "compared with, so they land within half a block step of it.")
     return " ".join(parts) or None

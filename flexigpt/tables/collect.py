@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.schema import (
     NUMBER,
     ResultFileError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from flexigpt.registry import METHODS, ROLES
+from flexigpt.storage.registry import METHODS, ROLES
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.facts import ACHIEVED, basis_note
 from flexigpt.tables.labels import TASK_HEADERS, lm_variant, method_label, row_label
@@ -66,7 +66,7 @@ def cost_frame(ours: pd.DataFrame, label: pd.Series, layers: bool = False) -> tu
 
 def blocks_note(ours: pd.DataFrame) -> str:
     """What the Blocks column counts for the methods of ``ours``: blocks taken out, and what
-    each method puts in their place (:attr:`flexigpt.registry.MethodFacts.replacement`)."""
+    each method puts in their place (:attr:`flexigpt.storage.registry.MethodFacts.replacement`)."""
     strategies: dict[str, list[str]] = {}
     width = []
     for method in dict.fromkeys(ours["method"]):

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from flexigpt import stats
-from flexigpt.registry import ROLES
+from flexigpt.core import stats
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.labels import METHOD_LABELS, TASK_HEADERS, lm_variant, row_label
@@ -186,7 +186,7 @@ def comparison_table(agg: pd.DataFrame, comp: Comparator,
 
 NOTE = ("Δ = row − comparison, paired over the same documents (log-PPL: the same "
         "evaluation windows), 95% percentile bootstrap interval in brackets "
-        "(flexigpt.stats.compare_runs, 2000 replicates, seed 0). Accuracy in points; "
+        "(flexigpt.core.stats.compare_runs, 2000 replicates, seed 0). Accuracy in points; "
         "Δ log-PPL in nats (< 0: lower PPL; exp(Δ) is the PPL ratio). unpaired = the runs "
         "scored different documents; no records = a result file has no per-document "
         "records; not run = the comparison run is not in the results.")

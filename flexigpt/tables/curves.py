@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.intervals import setting_key
 from flexigpt.tables.labels import method_label, slug
 from flexigpt.tables.render import si

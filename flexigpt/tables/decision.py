@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from flexigpt import stats
+from flexigpt.core import stats
 from flexigpt.tables.comparisons import NO_RECORDS, NOT_RUN, UNPAIRED, Diff
 from flexigpt.tables.render import Block
 
@@ -54,7 +54,7 @@ class Rules:
 
 def decide(diff: Diff, direction: str, margin: float = 0.0) -> str:
     """The verdict of one paired difference (``direction``: ``greater`` | ``less``) with
-    the smallest effect that matters ``margin`` (:func:`flexigpt.stats.verdict`)."""
+    the smallest effect that matters ``margin`` (:func:`flexigpt.core.stats.verdict`)."""
     if diff.interval is None:
         return _STATUS.get(diff.status, diff.status)
     return _STATS_VERDICT[diff.interval.verdict(direction, margin)]

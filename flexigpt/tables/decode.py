@@ -1,6 +1,6 @@
 """Decoding figures of Tables 6/7: what generation costs, beside the paper's forward timing.
 
-Read from the ``decode`` section of the timing JSONs (:func:`flexigpt.evaluation.inference
+Read from the ``decode`` section of the timing JSONs (:func:`flexigpt.runtime.evaluation.inference
 .run_inference_cost`): per timed model, greedy decoding at batch 1 and at a larger batch,
 and for FlexiGPT models self-speculative decoding with the weight-sharing draft (one extra
 row). ``Norm. time`` is end-to-end time per generated token at batch 1 relative to the dense
@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.render import Block
 from flexigpt.tables.schema import ResultFileError, need_number, read_json
 

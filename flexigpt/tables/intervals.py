@@ -4,7 +4,7 @@
 before records existed: those rows keep their point values only). :func:`add_intervals`
 adds ``<metric>_lo`` / ``<metric>_hi`` columns (:data:`CI_COLUMNS`, accuracies in %, PPL =
 exp of the log-PPL interval) to the seed-aggregated frame, using
-:func:`flexigpt.stats.run_intervals` over all seeds of a setting (hierarchical when there
+:func:`flexigpt.core.stats.run_intervals` over all seeds of a setting (hierarchical when there
 are several). :func:`with_errors` puts the half-widths on a rendered block (``41.00 ±9.6``).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt import stats
+from flexigpt.core import stats
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.schema import read_json
 
@@ -64,7 +64,7 @@ class RecordStore:
 
     @staticmethod
     def _load(path: Path) -> dict[str, Any] | None:
-        from flexigpt.evaluation.results import load_records
+        from flexigpt.runtime.evaluation.results import load_records
 
         if not read_json(path).get("records"):
             return None

@@ -1,12 +1,12 @@
 """Display names shared by every table and figure: task headers, method / variant labels,
 row labels with the trained / one-shot marks, and file-name slugs.
 
-Method labels and their order come from :data:`flexigpt.registry.METHODS`.
+Method labels and their order come from :data:`flexigpt.storage.registry.METHODS`.
 """
 
 from __future__ import annotations
 
-from flexigpt.registry import METHODS, ROLES
+from flexigpt.storage.registry import METHODS, ROLES
 
 TASK_HEADERS = {"arc_easy": "ARC-e", "arc_challenge": "ARC-c", "piqa": "PIQA",
                 "winogrande": "WinoG.", "hellaswag": "HellaS."}

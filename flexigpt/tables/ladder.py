@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from flexigpt import stats
-from flexigpt.registry import ROLES
+from flexigpt.core import stats
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.labels import slug

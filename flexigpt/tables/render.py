@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.fileio import atomic_write_text
+from flexigpt.core.fileio import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ adapters), side by side at each ratio, one-shot and recovered.
 
 Rows are Table 1's rows (same achieved compression, same recovery tokens and trainable
 budget: the fairness contract) of the methods whose registry facts name a ``replacement``
-(:attr:`flexigpt.registry.MethodFacts.replacement`). Beside each row's PPL and average
+(:attr:`flexigpt.storage.registry.MethodFacts.replacement`). Beside each row's PPL and average
 (with their 95 % intervals) stand the parameters it adds back and its paired difference
-from the skip row (the comparator's strategy, :data:`flexigpt.registry.ROLES`) of the same
+from the skip row (the comparator's strategy, :data:`flexigpt.storage.registry.ROLES`) of the same
 ratio and the same stage (one-shot against one-shot, recovered against recovered).
 """
 
@@ -16,7 +16,7 @@ import logging
 
 import pandas as pd
 
-from flexigpt.registry import METHODS, ROLES
+from flexigpt.storage.registry import METHODS, ROLES
 from flexigpt.tables.columns import marks_note, ordered_labels, result_notes
 from flexigpt.tables.comparisons import Comparator, Diff
 from flexigpt.tables.intervals import setting_key, with_errors
@@ -108,7 +108,7 @@ def replacement_table(agg: pd.DataFrame, comp: Comparator, model: str,
     kinds = {"Seeds": "int", "Ratio": "pct0", "Achieved": "pct1", "Blocks": "int", "Added (M)": "num3",
              "Trainable (M)": "num3", "Tokens": "si", "PPL": "ppl", "Avg": "num"}
     notes = result_notes(ours) + [
-        "Strategy = what the method puts where the removed blocks were (flexigpt.registry: "
+        "Strategy = what the method puts where the removed blocks were (flexigpt.storage.registry: "
         "MethodFacts.replacement). Rows are Table 1's: every row of a ratio at the same "
         "achieved compression, every recovered row (*) with the same tokens and trainable "
         "budget. " + marks_note(ours),

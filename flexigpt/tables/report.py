@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.fileio import atomic_write_text
+from flexigpt.core.fileio import atomic_write_text
 from flexigpt.tables import ablation, build, sweep, timing
 from flexigpt.tables.budget import find_ladders
 from flexigpt.tables.build import aggregate

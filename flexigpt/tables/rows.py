@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.registry import METHODS, ROLES
+from flexigpt.storage.registry import METHODS, ROLES
 from flexigpt.tables.collect import classify
 from flexigpt.tables.labels import METHOD_ORDER
 
@@ -28,7 +28,7 @@ def table_of(agg: pd.DataFrame) -> pd.Series:
 
 def is_reference(df: pd.DataFrame) -> pd.Series:
     """Which rows of ``df`` are the reference (uncompressed) model's, :attr:`ROLES.reference
-    <flexigpt.registry.Roles.reference>` (any variant)."""
+    <flexigpt.storage.registry.Roles.reference>` (any variant)."""
     return df["method"].eq(ROLES.reference)
 
 

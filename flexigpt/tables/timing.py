@@ -12,7 +12,7 @@ import logging
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.decode import decode_block
 from flexigpt.tables.labels import METHOD_LABELS, METHOD_ORDER, display_name, method_label, slug
 from flexigpt.tables.paper_blocks import paper_title, reference_model

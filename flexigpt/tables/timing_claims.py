@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.claim_rows import PAPER_T1, PAPER_T5, claim_row, num_text
 from flexigpt.tables.decision import REPORTED
 from flexigpt.tables.decode import PAPER_SPECULATIVE_FASTER

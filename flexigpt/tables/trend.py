@@ -12,7 +12,7 @@ change of the gap per decade of tokens.
 
 Intervals. Every budget is evaluated on the SAME documents (windows), so the Δ_j are
 correlated through the documents. The replicates come from
-:func:`flexigpt.stats.paired_replicates` with all budgets as contrasts of one call: each
+:func:`flexigpt.core.stats.paired_replicates` with all budgets as contrasts of one call: each
 bootstrap replicate draws one document multiset and applies it to every run of every budget
 (``boot [n_boot, B]``, one row = one joint draw). The same line is fitted to each row, and
 the percentile intervals of a, b, the crossover and the fitted Δ at a chosen budget are
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from flexigpt.registry import ROLES
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.intervals import setting_key
 from flexigpt.tables.render import si
 from flexigpt.tables.rows import optional_float, table_of

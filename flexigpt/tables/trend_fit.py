@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from flexigpt import stats
+from flexigpt.core import stats
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ again in the first block of ``verdicts.md``, :func:`~flexigpt.tables.decision.ru
   ``contradicted`` iff it lies wholly beyond −m, ``no practical difference`` iff it lies
   wholly inside (−m, +m) (equivalence: two one-sided tests at 2.5 % each), otherwise
   ``undecided at this budget`` — an interval that excludes 0 but reaches into (−m, m), or
-  that straddles +m or −m, decides nothing (:func:`flexigpt.stats.verdict`).
+  that straddles +m or −m, decides nothing (:func:`flexigpt.core.stats.verdict`).
 * Multi-benchmark claims ((c) "best on k/6", (f) "better on k/6"): the K tests of one row
   (six benchmarks × comparison runs) are decided together with Holm's step-down at
   family-wise error 5 % on the bootstrap p-values dual to the intervals above
-  (:func:`flexigpt.stats.holm_verdicts`; with K = 1 it is the interval rule). A benchmark
+  (:func:`flexigpt.core.stats.holm_verdicts`; with K = 1 it is the interval rule). A benchmark
   is won iff A is supported against every comparison run, lost iff A is contradicted or
   practically tied against one; the row is supported iff at least k benchmarks are won,
   contradicted iff more than 6 − k are lost, else undecided.
@@ -37,7 +37,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.registry import ROLES, is_paper_baseline
+from flexigpt.storage.registry import ROLES, is_paper_baseline
 from flexigpt.tables.claim_rows import (
     BENCHMARKS,
     DIRECTION,
@@ -124,7 +124,7 @@ def _others(agg: pd.DataFrame, comp: Comparator, model: str,
             pair: BudgetPair) -> tuple[list[tuple], list[str]]:
     """(keys, names) of the recovered baselines (c) compares against at ``pair``'s ratio and
     budget: the pair's ShortGPT + LoRA* (when run) and every other recovered Table 1 run of
-    a paper baseline (:func:`flexigpt.registry.is_paper_baseline`; not FlexiGPT, not KD, not
+    a paper baseline (:func:`flexigpt.storage.registry.is_paper_baseline`; not FlexiGPT, not KD, not
     the later baselines) trained on the same number of tokens (any, when the budget is
     unknown)."""
     rows = main_rows(agg, model)

@@ -5,13 +5,13 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from flexigpt.code_deps import rule_code_version
-from flexigpt.config_check import ConfigError, check_ratios, raise_problems
-from flexigpt.config_schema import check_schema
-from flexigpt.dag import RunGrid
-from flexigpt.resource_check import check_resources
-from flexigpt.schedule import Priorities
-from flexigpt.workflow_support import PROMPT_TEXT, checkout_on_pythonpath
+from flexigpt.core.code_deps import rule_code_version
+from flexigpt.workflow.config_check import ConfigError, check_ratios, raise_problems
+from flexigpt.workflow.config_schema import check_schema
+from flexigpt.workflow.dag import RunGrid
+from flexigpt.workflow.resource_check import check_resources
+from flexigpt.core.schedule import Priorities
+from flexigpt.workflow.support import PROMPT_TEXT, checkout_on_pythonpath
 
 # jobs import the harness from this checkout (under --use-conda their environment holds only
 # its dependencies: workflow/envs/flexigpt.yaml)
@@ -23,7 +23,7 @@ try:
     # ratios that would merge into one run directory, or name one the DAG cannot match
     raise_problems(((item, "") for item in check_ratios(config)))
     # builds every run's method config and TrainConfigs, checks sizes, ratio reach and
-    # model paths: a bad option is a short error here, before any job (flexigpt.config_check)
+    # model paths: a bad option is a short error here, before any job (flexigpt.workflow.config_check)
     GRID = RunGrid.from_config(config)
 except ConfigError as err:  # its lines alone: no engine stack frames around them
     print(f"flexigpt: {err}", file=sys.stderr)
@@ -32,7 +32,7 @@ if workflow.is_main_process:  # the resources already built are what their build
     check_resources(config, GRID)
 
 def code_of(script):
-    """Hash of the harness code a rule's script can run (flexigpt.code_deps): a rule's jobs
+    """Hash of the harness code a rule's script can run (flexigpt.core.code_deps): a rule's jobs
     rerun when that code changes, and only then (editing a plot reruns only the tables)."""
     return rule_code_version(Path(workflow.basedir) / "workflow" / "scripts" / f"{script}.py")
 
@@ -155,7 +155,7 @@ def figure_dirs():
     return sorted({str(Path(path).parent) for group in files.values() for path in group})
 
 
-# Critical-path priorities (flexigpt.schedule): among ready jobs, the one with the longest
+# Critical-path priorities (flexigpt.core.schedule): among ready jobs, the one with the longest
 # estimated chain of dependents to the tables starts first, read from these output patterns
 # and input functions (the rules' own).
 PRIORITY = Priorities(

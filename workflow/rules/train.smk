@@ -1,5 +1,5 @@
 # Recovery training with the one shared trainer: every point of the recipe's tuning grid in
-# one job, as successive halving (flexigpt.training.tuning.run_sweep): each trial trains to
+# one job, as successive halving (flexigpt.runtime.training.tuning.run_sweep): each trial trains to
 # the rung on the full schedule, the one with the lowest tuning-split perplexity there
 # continues to the end and becomes the run's trained model (resumes after a kill).
 

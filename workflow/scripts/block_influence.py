@@ -3,13 +3,13 @@
 import json
 from typing import Any
 
-from flexigpt.block_influence import block_influence
-from flexigpt.calibration import token_windows
-from flexigpt.devices import model_device
-from flexigpt.fileio import atomic_write_text
-from flexigpt.models import load_model
-from flexigpt.provenance import setup_run
-from flexigpt.workflow_support import script_logging
+from flexigpt.core.devices import model_device
+from flexigpt.core.fileio import atomic_write_text
+from flexigpt.core.provenance import setup_run
+from flexigpt.methods.block_influence import block_influence
+from flexigpt.methods.calibration import token_windows
+from flexigpt.storage.models import load_model
+from flexigpt.workflow.support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive
 

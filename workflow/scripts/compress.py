@@ -4,10 +4,10 @@ a like-for-like baseline gets the achieved ratio of the model it is matched to."
 import json
 from typing import Any
 
-from flexigpt.api import compress
-from flexigpt.artifacts import read_manifest
-from flexigpt.registry import get_method
-from flexigpt.workflow_support import script_logging
+from flexigpt.api.compression import compress
+from flexigpt.storage.artifacts import read_manifest
+from flexigpt.storage.registry import get_method
+from flexigpt.workflow.support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive
 

@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from flexigpt.evaluation import evaluate_model
-from flexigpt.workflow_support import script_logging
+from flexigpt.runtime.evaluation import evaluate_model
+from flexigpt.workflow.support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive
 

@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from flexigpt.resources.hub_text import build_hub_text
-from flexigpt.workflow_support import script_logging
+from flexigpt.runtime.resources.hub_text import build_hub_text
+from flexigpt.workflow.support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive
 

@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from flexigpt.evaluation.inference import run_inference_cost
-from flexigpt.workflow_support import PROMPT_TEXT, script_logging
+from flexigpt.runtime.evaluation.inference import run_inference_cost
+from flexigpt.workflow.support import PROMPT_TEXT, script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive
 

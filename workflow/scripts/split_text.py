@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from flexigpt.calibration import split_heldout
-from flexigpt.workflow_support import script_logging
+from flexigpt.methods.calibration import split_heldout
+from flexigpt.workflow.support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive
 

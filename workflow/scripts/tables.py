@@ -17,9 +17,9 @@ section), :func:`~flexigpt.tables.build_all` also writes the budget tables and f
 
 from typing import Any
 
-from flexigpt.dag.archive import model_facts
 from flexigpt.tables import build_all
-from flexigpt.workflow_support import script_logging
+from flexigpt.workflow.dag.archive import model_facts
+from flexigpt.workflow.support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive
 

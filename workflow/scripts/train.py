@@ -2,13 +2,13 @@
 split, the best kept as the run's trained model (``selection.json`` lists every trial;
 resumes from the trials' checkpoints after a kill). On several processes (``accelerate
 launch``) when ``jobs.train_processes`` says so or the job holds several visible GPUs
-(:mod:`flexigpt.training.launch`)."""
+(:mod:`flexigpt.runtime.training.launch`)."""
 
 from typing import Any
 
-from flexigpt.training.launch import processes_for, run_launched, run_spec
-from flexigpt.training.tuning import budget_of, chosen_rates
-from flexigpt.workflow_support import script_logging
+from flexigpt.runtime.training.launch import processes_for, run_launched, run_spec
+from flexigpt.runtime.training.tuning import budget_of, chosen_rates
+from flexigpt.workflow.support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive
 

@@ -1,0 +1,197 @@
+"""The ``flexigpt`` command: one subcommand per module under ``flexigpt/cli/commands``.
+
+Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int``, and may define ``check_flags(args)`` (values alone, no file: run
+before any path is checked, so a bad value is named even when an input is missing); it
+is imported only when its subcommand runs.
+
+Every user error ends the command with one line on stderr and exit code 2, Ctrl-C with one
+line and 130 (``-v`` shows the traceback); an I/O failure while writing ``--out`` (a full disk, also as safetensors'
+``SafetensorError``) is one line naming ``--out`` (:func:`flexigpt.core.preflight.write_failure`;
+the atomic save leaves a previous output intact). Before any heavy work, commands that write
+an output directory refuse an existing ``--out`` that is not a previous output of theirs,
+unless ``--force`` (:func:`flexigpt.core.fileio.check_output`), every ``--out`` must be
+writable (:func:`flexigpt.core.preflight.check_writable`), and input text paths must be files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+#: subcommand → module. Add a command by adding a module and a line here.
+COMMANDS: dict[str, str] = {
+    "fetch": "flexigpt.cli.commands.fetch",
+    "compress": "flexigpt.cli.commands.compress",
+    "train": "flexigpt.cli.commands.train",
+    "extend": "flexigpt.cli.commands.extend",
+    "evaluate": "flexigpt.cli.commands.evaluate",
+    "tables": "flexigpt.cli.commands.tables",
+    "archive": "flexigpt.cli.commands.archive",
+    "export": "flexigpt.cli.commands.export",
+    "generate": "flexigpt.cli.commands.generate",
+    "run": "flexigpt.cli.commands.run",
+}
+
+
+#: commands writing a model directory to ``--out`` → the kind of output they write
+OUTPUT_KIND: dict[str, str] = {"compress": "model", "extend": "model", "train": "model",
+                               "export": "export"}
+#: errors that are the user's (bad input, files, environment): one line, exit code 2;
+#: safetensors raises ``SafetensorError`` (no ``OSError``) for a failed write or a bad file
+USER_ERRORS = (ValueError, RuntimeError, KeyError, OSError, ArithmeticError, SafetensorError)
+#: command → its flags naming input text files, checked to be files before any work
+INPUT_TEXTS: dict[str, tuple[str, ...]] = {"compress": ("calibration",),
+                                           "extend": ("calibration",), "train": ("text",),
+                                           "evaluate": ("ppl_text",),
+                                           "generate": ("prompts_file",)}
+
+
+#: command → its flags naming input paths (models, texts, task data); an output may be none
+#: of them, lie inside none and contain none (``generate`` writes ``--json``)
+INPUT_PATHS: dict[str, tuple[str, ...]] = {
+    "compress": ("model", "calibration"), "extend": ("model",),
+    "train": ("model", "teacher", "text", "validation"),
+    "evaluate": ("model", "benchmarks", "ppl_text"), "export": ("model_dir",),
+    "generate": ("model", "prompts_file"), "fetch": ("text",)}
+
+
+def _flag_name(dest: str) -> str:
+    """How the user wrote an option: ``--prompts-file``; a positional as its metavar."""
+    return dest.upper() if dest == "model_dir" else f"--{dest.replace('_', '-')}"
+
+
+def _one_line(err: BaseException) -> str:
+    text = err.args[0] if isinstance(err, KeyError) and len(err.args) == 1 else str(err)
+    text = " ".join(str(text).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _output_flag(args: argparse.Namespace) -> str | None:
+    """The path this command writes (``--out``), or None (it writes none, or ``export
+    --card`` rewrites a model's card in place)."""
+    out = getattr(args, "out", None)
+    if not out or args.command == "run" or getattr(args, "card", False):
+        return None
+    return str(out)
+
+
+def check_finite(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every number-valued flag of the command (``type=float``) is finite: ``nan`` and
+    ``inf`` parse as floats but mean nothing as a learning rate, a clip norm or a
+    temperature (``ValueError`` naming the flag as the user wrote it). A new float flag
+    inherits the check."""
+    import math
+
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is float and isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{action.option_strings[-1]} must be a finite number, "
+                             f"got {value!r}")
+
+
+def _weights_bytes(model: str | None) -> int:
+    """Bytes of the safetensors weights in a local model directory (0: none, or a hub id):
+    the size a model output written from it is estimated at."""
+    if not model or not Path(model).is_dir():
+        return 0
+    return sum(p.stat().st_size for p in Path(model).glob("*.safetensors") if p.is_file())
+
+
+def _preflight(args: argparse.Namespace) -> None:
+    """Checks that need no heavy work: the output directory (not foreign, writable), the
+    input text files, the training window length."""
+    from flexigpt.core.fileio import check_apart, check_output
+    from flexigpt.core.preflight import check_free_space, check_writable
+    from flexigpt.storage.input_files import check_text
+
+    out = _output_flag(args)
+    written = [(out, "--out")] if out else []
+    if args.command == "generate" and getattr(args, "json", None):
+        written.append((args.json, "--json"))
+    for path, flag in written:
+        check_apart(path, {_flag_name(name): getattr(args, name, None)
+                           for name in INPUT_PATHS.get(args.command, ())}, flag)
+    if args.command in OUTPUT_KIND and out:
+        check_output(out, OUTPUT_KIND[args.command], args.force)
+    if out:
+        check_writable(out, "--out", directory=args.command != "evaluate")
+    if args.command in OUTPUT_KIND and out:
+        weights = _weights_bytes(getattr(args, "model", None) or getattr(args, "model_dir", None))
+        if weights:
+            check_free_space(out, weights, "the input model's weights")
+    if args.command == "generate" and getattr(args, "json", None):
+        check_writable(args.json, "--json", directory=False)
+    for name in INPUT_TEXTS.get(args.command, ()):
+        if getattr(args, name, None) and not getattr(args, "no_ppl", False):
+            check_text(getattr(args, name), f"--{name.replace('_', '-')} text file")
+    if args.command == "train":
+        model_dir = Path(args.model).expanduser()
+        if (model_dir / "config.json").is_file():
+            from flexigpt.api.values import check_positions
+            from flexigpt.storage.models.loading import family_config
+
+            check_positions(family_config(model_dir), args.seq_len, "--seq-len")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="flexigpt", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in argv if a in COMMANDS), None)
+    for name, module_name in COMMANDS.items():
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
+        else:
+            sub.add_parser(name, help=f"(see flexigpt {name} --help)")
+    if chosen == "train":  # its flags live in commands/train.py; --force is common to outputs
+        train_parser = sub.choices["train"]
+        if not any("--force" in a.option_strings for a in train_parser._actions):
+            train_parser.add_argument("--force", action="store_true",
+                                      help="replace --out even if it is not a saved model")
+    if chosen == "run":  # everything after `run` belongs to snakemake, unparsed
+        cut = argv.index("run") + 1
+        args = parser.parse_args(argv[:cut])
+        args.snakemake_args = argv[cut:]
+    else:
+        args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    module = importlib.import_module(COMMANDS[args.command])
+    from flexigpt.core.fileio import force_outputs
+
+    try:
+        with force_outputs(bool(getattr(args, "force", False))):
+            check_finite(sub.choices[args.command], args)
+            if hasattr(module, "check_flags"):  # values first: they need no file
+                module.check_flags(args)
+            _preflight(args)
+            return int(module.run(args) or 0)
+    except USER_ERRORS as err:
+        if args.verbose:
+            raise
+        print(f"flexigpt {args.command}: error: {_message(err, args)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.verbose:
+            raise
+        print(f"flexigpt {args.command}: interrupted; outputs are written atomically, so "
+              "nothing was half-written (a resumable run resumes from its checkpoint)",
+              file=sys.stderr)
+        return 130
+
+
+def _message(err: BaseException, args: argparse.Namespace) -> str:
+    """The one line of a user error: a failed write of ``--out`` names ``--out``."""
+    from flexigpt.core.preflight import write_failure
+
+    failed = write_failure(err, _output_flag(args))
+    return f"{type(err).__name__}: {failed}" if failed else _one_line(err)
+

@@ -1,0 +1,53 @@
+"""Pure file I/O of the harness (core layer: imports nothing from the harness but
+:mod:`flexigpt.core.faults`).
+
+    flexigpt.core.fileio.outputs   outputs that appear complete or not at all: atomic_directory,
+                              atomic_write_text/bytes, the output marker, check_output,
+                              clean_partials, force_outputs, sha256_file
+    flexigpt.core.fileio.checks    a directory holds only what was recorded, nothing outside
+                              itself, an output apart from its inputs: check_apart, check_inside, check_listed, unlisted, verify_files,
+                              verify_marker
+
+Every public name of both is importable from here.
+"""
+
+from __future__ import annotations
+
+from flexigpt.core.fileio.checks import (
+    PICKLE_SUFFIXES,
+    REWRITABLE,
+    WORKFLOW_FILES,
+    InputOverlapError,
+    check_apart,
+    check_inside,
+    check_listed,
+    escapes,
+    unlisted,
+    verify_files,
+    verify_marker,
+)
+from flexigpt.core.fileio.outputs import (
+    MANIFEST,
+    MARKER,
+    CheckpointError,
+    OutputExistsError,
+    atomic_directory,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_output,
+    clean_partials,
+    current_umask,
+    force_outputs,
+    kind_of,
+    read_json_or_none,
+                                    sha256_file,
+    tree_entries,
+)
+
+__all__ = ["MANIFEST", "MARKER", "PICKLE_SUFFIXES", "REWRITABLE", "WORKFLOW_FILES",
+           "InputOverlapError", "check_apart",
+           "CheckpointError", "OutputExistsError", "atomic_directory", "atomic_write_bytes",
+           "atomic_write_text", "check_inside", "check_listed", "check_output",
+           "clean_partials", "current_umask", "escapes", "force_outputs", "kind_of",
+           "read_json_or_none", "sha256_file", "tree_entries", "unlisted", "verify_files",
+           "verify_marker"]

@@ -1,0 +1,150 @@
+"""Checks that a directory holds only what was recorded, and nothing outside itself.
+
+Trust (issue 37): a loader reads nothing a save did not record and no path outside the
+directory. Every path a record (a manifest's ``files``, an output marker) names must lie
+inside the directory — relative, without ``..``, no symlink out (:func:`check_inside`) —
+before anything is opened or hashed; a directory may hold no file its record does not list
+(:func:`check_listed`) except the engine's own :data:`WORKFLOW_FILES`; every listed file
+must be unchanged (:func:`verify_files`, sha256). :func:`verify_marker` applies all three
+to a harness-written directory through its ``.flexigpt-output.json`` marker.
+
+Imports nothing from the harness but :mod:`flexigpt.core.fileio.outputs`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+from flexigpt.core.fileio import outputs  # outputs.cached_sha256 looked up per call (one spy)
+from flexigpt.core.fileio.outputs import MARKER, CheckpointError, read_json_or_none, tree_entries
+
+#: files a model card rewrite (``flexigpt export --card``) may change after the save
+REWRITABLE = frozenset({"README.md"})
+#: files a workflow engine writes into a directory output after the harness saved it
+#: (Snakemake touches ``.snakemake_timestamp`` in every ``directory()`` output); no loader
+#: reads them, so they are allowed at the top level of any checked directory
+WORKFLOW_FILES = frozenset({".snakemake_timestamp"})
+#: suffixes of pickled weight formats, which the harness never loads (they can run code)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def escapes(name: str) -> bool:
+    """Whether the recorded path ``name`` could name something outside its directory by
+    its spelling alone: empty, absolute (POSIX or Windows), or with a ``..`` part."""
+    parts = name.replace("\\", "/").split("/")
+    return (not name or PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute()
+            or bool(PureWindowsPath(name).drive) or ".." in parts)
+
+
+class InputOverlapError(ValueError):
+    """An output path that is, lies inside, or contains one of the command's inputs."""
+
+
+def check_apart(out: str | os.PathLike, inputs: dict[str, str | os.PathLike | None],
+                out_flag: str = "--out") -> None:
+    """Refuse an output that would land in, or replace, an input: ``out`` equal to, inside,
+    or containing any existing path of ``inputs`` (``{flag: path}``; None and paths that do
+    not exist, such as hub ids, are skipped), both resolved through symlinks. One line
+    naming both paths, before any work.
+
+    Raises:
+        InputOverlapError: the first overlap found.
+    """
+    target = Path(out).expanduser().resolve()
+    for flag, path in inputs.items():
+        if path is None or not Path(path).expanduser().exists():
+            continue
+        source = Path(path).expanduser().resolve()
+        if target == source:
+            how = "is"
+        elif source in target.parents:
+            how = "lies inside"
+        elif target in source.parents:
+            how = "contains"
+        else:
+            continue
+        raise InputOverlapError(f"{out_flag} {out} ({target}) {how} the input {flag} {path} "
+                                f"({source}): outputs are kept apart from inputs, so one "
+                                f"cannot replace or land in the other")
+
+
+def check_inside(directory: str | os.PathLike, names: Iterable[str], what: str) -> None:
+    """Raise :class:`CheckpointError` unless every path in ``names`` (recorded in ``what``)
+    lies inside ``directory``: relative, without ``..``, and not a symlink (or under a
+    symlinked folder) that resolves outside. Reads no file: call it before opening or
+    hashing any recorded path, so a record cannot make the loader read (or reveal the
+    existence of) anything outside the directory."""
+    directory = Path(directory)
+    root = directory.resolve()
+    bad = sorted(n for n in names
+                 if escapes(n) or not (directory / n).resolve().is_relative_to(root))
+    if bad:
+        raise CheckpointError(f"{str(directory)!r}: {what} names {bad[:5]} outside the "
+                              "directory (absolute, '..' or a symlink out); refusing to open it")
+
+
+def unlisted(directory: str | os.PathLike, allowed: Iterable[str]) -> list[str]:
+    """The files under ``directory`` (relative POSIX paths, symlinks included, any depth)
+    that are not in ``allowed`` nor top-level :data:`WORKFLOW_FILES`, sorted."""
+    allowed = {*allowed, *WORKFLOW_FILES}
+    files, _ = tree_entries(Path(directory))
+    return [f for f in files if f not in allowed]
+
+
+def check_listed(directory: str | os.PathLike, allowed: Iterable[str], what: str) -> None:
+    """Raise :class:`CheckpointError` naming every file in ``directory`` that is not in
+    ``allowed`` (what ``what`` records): a file added after the save could change what
+    transformers' loaders read (tokenizer side files, chat templates) unnoticed."""
+    extra = unlisted(directory, allowed)
+    if extra:
+        raise CheckpointError(
+            f"{str(directory)!r} holds {extra[:8]}{' …' if len(extra) > 8 else ''} that "
+            f"{what} does not list (added after the save?); flexigpt-bench loads only the "
+            "files a save recorded — remove them")
+
+
+def verify_files(model_dir: str | os.PathLike, recorded: dict[str, str], what: str) -> None:
+    """Raise :class:`CheckpointError` naming every file whose sha256 differs from
+    ``recorded`` (or is missing). Every recorded path is checked to lie inside
+    ``model_dir`` (:func:`check_inside`) before any is opened. A ``symlink:<target>`` entry
+    (a marker's record of a symlink) must still be that symlink; :data:`REWRITABLE`
+    files and the marker are not hashed."""
+    model_dir = Path(model_dir)
+    check_inside(model_dir, recorded, what)
+    bad, missing = [], []
+    for name, digest in sorted(recorded.items()):
+        path = model_dir / name
+        if name in REWRITABLE or name == MARKER:
+            continue
+        if digest.startswith("symlink:"):
+            if not path.is_symlink():
+                missing.append(name)
+            elif os.readlink(path) != digest[len("symlink:"):]:
+                bad.append(name)
+        elif not path.is_file():
+            missing.append(name)
+        elif outputs.cached_sha256(path) != digest:
+            bad.append(name)
+    if missing:
+        raise CheckpointError(f"{str(model_dir)!r}: {missing} recorded in {what} are missing")
+    if bad:
+        raise CheckpointError(f"{str(model_dir)!r}: {bad} changed since the save (sha256 "
+                              f"differs from {what})")
+
+
+def verify_marker(directory: str | os.PathLike) -> None:
+    """Check a harness-written directory against its ``.flexigpt-output.json``: every
+    recorded path inside the directory, no file the marker does not list, every listed
+    file unchanged (no marker: nothing to check). Raises :class:`CheckpointError` naming
+    what is wrong."""
+    marker = read_json_or_none(Path(directory) / MARKER)
+    if isinstance(marker, dict) and isinstance(marker.get("files"), dict):
+        recorded = marker["files"]
+        if not all(isinstance(v, str) for v in recorded.values()):
+            raise CheckpointError(f"{str(Path(directory) / MARKER)!r} is not a valid marker "
+                                  "(its 'files' values must be strings)")
+        check_inside(directory, recorded, MARKER)
+        check_listed(directory, {*recorded, MARKER}, MARKER)
+        verify_files(directory, recorded, MARKER)

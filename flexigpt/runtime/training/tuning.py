@@ -1,0 +1,381 @@
+"""Learning-rate selection on the tuning split: train the trials, keep the best.
+
+A *trial* is one recovery run of a model at one point of its recipe's tuning grid (``lr``,
+and ``gamma_lr`` for the ``flexigpt`` recipe). The DAG's ``train`` rule
+(``workflow/scripts/train.py``) runs :func:`run_sweep`: every trial of a run in one process,
+as successive halving with one rung (Jamieson & Talwalkar 2016): each trial trains the
+first ``k = round(rung · n)`` of its ``n`` steps *on the full run's schedule*, is scored by
+its tuning-split perplexity at step k, and only the best continues from its checkpoint to
+step n (the next best if it diverges). ``rung = 1`` trains every trial fully and keeps the
+lowest final tuning perplexity. The chosen trial's model becomes the run's ``trained/``
+directory (hard links) with ``selection.json`` listing every trial (ties: the earlier
+trial). The perplexity test text is never read here.
+
+:func:`select_trial` keeps the best of trial directories already trained fully (each with a
+``trial.json`` from :func:`trial_record` / :func:`diverged_record`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, overload
+
+from flexigpt.core import faults
+from flexigpt.core.fileio import CheckpointError, atomic_directory, atomic_write_text
+from flexigpt.runtime.training.config import TrainConfig
+from flexigpt.runtime.training.loop import TrainingDivergedError
+from flexigpt.runtime.training.memo import SweepMemo
+from flexigpt.runtime.training.processes import barrier, broadcast_from_main, is_main_process
+from flexigpt.runtime.training.runner import train_model
+from flexigpt.storage.artifacts import read_manifest
+
+if TYPE_CHECKING:
+    from flexigpt.storage.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+TRIAL_FILE = "trial.json"
+RUNG_FILE = "rung.json"
+FINAL_FILE = "final.json"
+SELECTION_FILE = "selection.json"
+SCHEMA = 1
+
+
+def trial_record(manifest: Manifest, point: dict[str, Any]) -> dict[str, Any]:
+    """The ``trial.json`` of a finished trial, from the trained model's manifest."""
+    entry = manifest.history[-1]
+    return {**_scored(point, entry["plan"], entry["trainable"], entry["final_ppl"],
+                      entry["ppl_before"], entry["tokens"]),
+            "loss": entry.get("loss", "lm")}
+
+
+def _scored(point: dict[str, Any], plan: dict[str, Any], trainable: dict[str, Any],
+            tune_ppl: float | None, tune_ppl_before: float | None,
+            tokens: int) -> dict[str, Any]:
+    """The fields every scored trial record has (its learning rates from the resolved
+    ``plan``, counts from the trainable report)."""
+    return {"schema": SCHEMA, "point": point, "diverged": False, "lr": plan["lr"],
+            "gamma_lr": plan["gamma_lr"] if plan["recipe"] == "flexigpt" else None,
+            "tune_ppl": tune_ppl, "tune_ppl_before": tune_ppl_before,
+            "trainable_params": trainable["trainable_parameters"], "tokens": tokens,
+            "recipe": plan["recipe"], "budget": trainable.get("budget")}
+
+
+def diverged_record(point: dict[str, Any], lr: float | None, gamma_lr: float | None,
+                    error: str) -> dict[str, Any]:
+    return {"schema": SCHEMA, "point": point, "diverged": True, "lr": lr, "gamma_lr": gamma_lr,
+            "tune_ppl": None, "tune_ppl_before": None, "error": error}
+
+
+def read_trial(trial_dir: str | os.PathLike) -> dict[str, Any]:
+    """``trial.json`` of one trial directory (ValueError naming it when absent/malformed)."""
+    path = Path(trial_dir) / TRIAL_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a trial record ({err})") from None
+    if record.get("schema") != SCHEMA or "diverged" not in record:
+        raise ValueError(f"{path}: not a schema-{SCHEMA} trial record")
+    return record
+
+
+def best_trial(records: list[dict[str, Any]]) -> int:
+    """Index of the record with the lowest finite ``tune_ppl`` (ties: the first).
+
+    Raises:
+        ValueError: every trial diverged or has no finite tuning perplexity.
+    """
+    scored = [(r["tune_ppl"], i) for i, r in enumerate(records) if _finite_score(r)]
+    if not scored:
+        raise ValueError(f"no trial of {len(records)} finished with a finite tuning perplexity")
+    return min(scored)[1]
+
+
+def select_trial(trial_dirs: list[str | os.PathLike], out_dir: str | os.PathLike,
+                 meta: dict[str, Any]) -> dict[str, Any]:
+    """Keep the best trial as ``out_dir`` (hard links where possible) + ``selection.json``.
+
+    ``meta`` is copied into the selection record (run name, tuning text and windows).
+    Returns the selection record.
+    """
+    records = [read_trial(d) for d in trial_dirs]
+    best = best_trial(records)
+    selection = _selection(meta, records, best)
+    _publish(Path(trial_dirs[best]), out_dir, selection)
+    log.info("chose trial %d of %d (lr %s, gamma_lr %s, tune ppl %.4f)", best, len(records),
+             selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
+             records[best]["tune_ppl"])
+    return selection
+
+
+def _selection(meta: dict[str, Any], records: list[dict[str, Any]], best: int) -> dict[str, Any]:
+    keys = ("lr", "gamma_lr", "tune_ppl", "tune_ppl_before", "tune_ppl_final",
+            "stopped_at_step", "trainable_params", "tokens", "diverged", "budget")
+    return {"schema": SCHEMA, **meta, "metric": "tune_ppl", "chosen_trial": best,
+            "chosen": {"lr": records[best]["lr"], "gamma_lr": records[best]["gamma_lr"]},
+            "trials": [{k: r.get(k) for k in keys} for r in records]}
+
+
+def _publish(chosen: Path, out_dir: str | os.PathLike, selection: dict[str, Any]) -> None:
+    """``chosen`` (a saved model) appears at ``out_dir`` (hard links) with ``selection.json``."""
+    with atomic_directory(out_dir) as staged:
+        staged.rmdir()
+        shutil.copytree(chosen, staged, copy_function=_link_or_copy)
+        (staged / TRIAL_FILE).unlink(missing_ok=True)
+        atomic_write_text(staged / SELECTION_FILE, json.dumps(selection, indent=2) + "\n")
+
+
+def rung_step(steps: int, trials: int, rung: float) -> int:
+    """The step at which the trials of a sweep are compared: ``steps`` for one trial or
+    ``rung >= 1``, else ``round(rung · steps)`` clamped to ``[1, steps − 1]``."""
+    if not 0 < rung <= 1:
+        raise ValueError(f"tuning rung must be in (0, 1], got {rung!r}")
+    if trials == 1 or rung >= 1 or steps < 2:
+        return steps
+    return max(1, min(steps - 1, round(rung * steps)))
+
+
+def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
+              configs: list[TrainConfig], points: list[dict[str, Any]],
+              text: str | os.PathLike, tune: str | os.PathLike, meta: dict[str, Any],
+              rung: float = 0.5, teacher: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Train the trials ``configs`` (TrainConfigs, one per grid ``points`` entry) of one run
+    and save the best as ``out_dir`` with ``selection.json`` (see the module docstring).
+
+    Scratch space is ``<out_dir>.sweep/t<i>/`` (checkpoints, ``rung.json``,
+    ``final.json``, the trial's trained model); it is removed
+    once ``out_dir`` is in place. Rerunning after a kill resumes: finished rungs are read
+    back (when their config, step and input are the same), training resumes from the
+    trials' checkpoints. ``meta`` is copied into the selection record.
+
+    Returns:
+        The selection record (``rung``: step, steps, fraction; per trial ``tune_ppl`` = the
+        score it was compared by, ``tune_ppl_final`` for trials trained to the end).
+
+    Raises:
+        ValueError: empty grid, trials with different step counts, or no trial that
+            finished with a finite tuning perplexity.
+    """
+    steps = _grid_steps(configs, points)
+    k = rung_step(steps, len(configs), rung)
+    sweep = _Sweep(model_dir, configs, points, text, tune, teacher, steps,
+                   Path(out_dir).with_name(Path(out_dir).name + ".sweep"))
+    if k < steps:
+        records, best = _halving(sweep, k)
+    else:
+        records, best = _train_all(sweep)
+    selection = {**_selection(meta, records, best),
+                 "rung": {"step": k, "steps": steps, "fraction": k / steps}}
+    faults.point("sweep:publish")
+    if is_main_process():
+        _publish(sweep.trained(best), out_dir, selection)
+        for stored in sweep.scratch.glob(f"t*/{FINAL_FILE}"):  # first: never read back a
+            stored.unlink()                                    # half-removed model
+        shutil.rmtree(sweep.scratch, ignore_errors=True)
+    barrier()
+    log.info("chose trial %d of %d (lr %s, gamma_lr %s; tune ppl %.4f at step %d of %d)",
+             best, len(configs), selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
+             records[best]["tune_ppl"], k, steps)
+    return selection
+
+
+def _grid_steps(configs: list[TrainConfig], points: list[dict[str, Any]]) -> int:
+    """The step count every trial shares (ValueError: empty or mismatched grid, or trials
+    of different lengths)."""
+    if not configs or len(configs) != len(points):
+        raise ValueError(f"a sweep needs one config per grid point ({len(configs)} configs, "
+                         f"{len(points)} points)")
+    steps = configs[0].steps()
+    if any(c.steps() != steps for c in configs):
+        raise ValueError("every trial of a sweep must train the same number of steps")
+    return steps
+
+
+@dataclass
+class _Sweep:
+    """The fixed inputs of one :func:`run_sweep`; trial i lives in ``scratch/t<i>/``."""
+
+    model_dir: str | os.PathLike
+    configs: list[TrainConfig]
+    points: list[dict[str, Any]]
+    text: str | os.PathLike
+    tune: str | os.PathLike
+    teacher: str | os.PathLike | None
+    steps: int
+    scratch: Path
+    memo: SweepMemo = field(default_factory=SweepMemo)  # computed once for all trials
+
+    def trial_dir(self, i: int) -> Path:
+        return self.scratch / f"t{i}"
+
+    def trained(self, i: int) -> Path:
+        """Where trial i's trained model is saved."""
+        return self.trial_dir(i) / "trained"
+
+    @overload
+    def train(self, i: int, stop: None) -> Manifest | str: ...
+    @overload
+    def train(self, i: int, stop: int) -> Manifest | dict[str, Any] | str: ...
+
+    def train(self, i: int, stop: int | None) -> Manifest | dict[str, Any] | str:
+        """Trial i trained to step ``stop`` (None: to the end): its manifest (its rung
+        record when stopped), or the error message if it diverged."""
+        cfg = self.configs[i]
+        try:
+            return train_model(self.model_dir, self.trained(i), cfg, text=self.text,
+                               validation=self.tune, teacher=self.teacher, stop_step=stop,
+                               memo=self.memo)
+        except TrainingDivergedError as err:  # a result of the sweep, not a failure
+            log.warning("trial t%d (lr %s, gamma_lr %s) diverged: %s", i, cfg.lr,
+                        cfg.gamma_lr, err)
+            return str(err)
+
+    def final(self, i: int) -> dict[str, Any]:
+        """Trial i's record at the end of training (``final.json``: read back, or trained)."""
+        return _cached(self.trial_dir(i) / FINAL_FILE,
+                       _key(self.configs[i], self.steps, self.model_dir),
+                       lambda: _final(self.train(i, None), self.points[i]))
+
+
+def _halving(sweep: _Sweep, k: int) -> tuple[list[dict[str, Any]], int]:
+    """Successive halving with one rung at step ``k`` < steps: every trial to step k, then
+    the best at the rung to the end (the next best if it diverges).
+
+    Returns:
+        Every trial's record and the index of the one trained to the end.
+    """
+    records = [_rung(sweep.trial_dir(i), cfg, sweep.points[i], k, sweep.model_dir,
+                     lambda i=i: sweep.train(i, k))
+               for i, cfg in enumerate(sweep.configs)]
+    order = [i for _, i in sorted((r["tune_ppl"], i) for i, r in enumerate(records)
+                                  if _finite_score(r))]
+    log.info("rung at step %d of %d: tune ppl %s", k, sweep.steps,
+             [r.get("tune_ppl") for r in records])
+    for i in order:
+        final = sweep.final(i)
+        if final.get("diverged"):  # after the rung: keep its score, mark it diverged
+            records[i] = {**records[i], "diverged": True, "error": final["error"]}
+            continue
+        records[i] = {**records[i], "tune_ppl_final": final["tune_ppl"],
+                      "stopped_at_step": sweep.steps, "tokens": final["tokens"]}
+        return records, i
+    raise ValueError(f"no trial of {len(sweep.configs)} finished with a finite tuning "
+                     "perplexity")
+
+
+def _train_all(sweep: _Sweep) -> tuple[list[dict[str, Any]], int]:
+    """Every trial trained to the end (no rung); the best is the lowest final tune PPL.
+
+    Returns:
+        Every trial's record and the index of the best.
+    """
+    records: list[dict[str, Any]] = []
+    finished: list[int] = []
+    for i, cfg in enumerate(sweep.configs):
+        final = sweep.final(i)
+        if final.get("diverged"):
+            records.append(diverged_record(sweep.points[i], cfg.lr, cfg.gamma_lr,
+                                           final["error"]))
+            continue
+        records.append({**final, "tune_ppl_final": final["tune_ppl"],
+                        "stopped_at_step": sweep.steps})
+        finished.append(i)
+    if not finished:
+        raise ValueError(f"no trial of {len(sweep.configs)} finished with a finite tuning "
+                         "perplexity")
+    return records, finished[best_trial([records[i] for i in finished])]
+
+
+def _finite_score(record: dict[str, Any]) -> bool:
+    """Not diverged and a finite ``tune_ppl``: the records a sweep may choose from."""
+    value = record.get("tune_ppl")
+    return (not record.get("diverged") and isinstance(value, (int, float))
+            and math.isfinite(value))
+
+
+def _key(cfg: Any, step: int, model_dir: str | os.PathLike) -> dict[str, Any]:
+    """What a stored rung / final record must have been made with to be read back."""
+    key = {"config": cfg.to_dict(), "step": step, "model": str(Path(model_dir).resolve())}
+    return json.loads(json.dumps(key, default=str))
+
+
+def _cached(path: Path, key: dict[str, Any], compute: Any) -> dict[str, Any]:
+    """The record stored at ``path`` for ``key``, else ``compute()`` stored there."""
+    if path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            saved = {}
+        if saved.get("key") == key:
+            log.info("%s: read back", path)
+            return saved["record"]
+    # several processes: the main one's record (it scored the trial)
+    record = broadcast_from_main(compute())
+    if is_main_process():
+        atomic_write_text(path, json.dumps({"key": key, "record": record}, indent=2,
+                                           default=str) + "\n")
+    barrier()
+    return record
+
+
+def _final(result: Manifest | str, point: dict[str, Any]) -> dict[str, Any]:
+    """The record of a trial trained to the end (or of its divergence)."""
+    if isinstance(result, str):
+        return {"diverged": True, "error": result}
+    return trial_record(result, point)
+
+
+def _rung(trial_dir: Path, cfg: Any, point: dict[str, Any], step: int,
+          model_dir: str | os.PathLike, train: Any) -> dict[str, Any]:
+    """The rung record of one trial: read back from ``rung.json`` when it was made with the
+    same config, step and input model, else trained now (``train()``) and stored there."""
+
+    def compute() -> dict[str, Any]:
+        result = train()
+        if isinstance(result, str):  # diverged before the rung
+            return diverged_record(point, cfg.lr, cfg.gamma_lr, result)
+        log.info("trial %s: rung at step %d after %.1fs of training", trial_dir.name,
+                 result["stopped_at_step"], result.get("train_seconds", 0.0))
+        return {**_scored(point, result["plan"], result["trainable"], result["ppl"],
+                          result["ppl_before"], result["tokens"]),
+                "stopped_at_step": result["stopped_at_step"], "tune_ppl_final": None}
+
+    record = _cached(trial_dir / RUNG_FILE, _key(cfg, step, model_dir), compute)
+    faults.point("sweep:rung")
+    return record
+
+
+def chosen_rates(trained_dir: str | os.PathLike) -> dict[str, float | None]:
+    """The ``lr`` / ``gamma_lr`` another run chose (its ``selection.json``)."""
+    path = Path(trained_dir) / SELECTION_FILE
+    try:
+        chosen = json.loads(path.read_text())["chosen"]
+    except (OSError, json.JSONDecodeError, KeyError) as err:
+        raise ValueError(f"{path}: no learning-rate selection ({err})") from None
+    return {"lr": chosen["lr"], "gamma_lr": chosen["gamma_lr"]}
+
+
+def budget_of(compressed_dir: str | os.PathLike) -> int:
+    """Trainable count a like-for-like baseline is matched to: the ``info.recovery
+    .trainable_params`` that FlexiGPT pruning/extension records in its manifest."""
+    path = Path(compressed_dir) / "manifest.json"
+    try:
+        value = read_manifest(compressed_dir).info["recovery"]["trainable_params"]
+    except (CheckpointError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: no info.recovery.trainable_params to match ({err})") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{path}: info.recovery.trainable_params must be a positive integer")
+    return value
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
