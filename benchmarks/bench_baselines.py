@@ -12,7 +12,7 @@ Rows are written to ``--json`` as they finish; ``--resume`` keeps the rows alrea
 
 Example (from the repository root)::
 
-    .venv/bin/python benchmarks/bench_baselines.py --threads 2 --recover-tokens 50000 \\
+    .venv/bin/python -m benchmarks.bench_baselines --threads 2 --recover-tokens 50000 \\
         --json results/bench_baselines.json
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +29,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from flexigpt.api.compression import compress  # noqa: E402
 from flexigpt.core.fileio import atomic_write_text  # noqa: E402

@@ -24,10 +24,10 @@ Default prompts: the first sentences of the first ``--n-prompts`` documents of
 
 Example::
 
-    python benchmarks/bench_decode.py results/smollm2-135m/dense/.../compressed \\
+    python -m benchmarks.bench_decode results/smollm2-135m/dense/.../compressed \\
         results/smollm2-135m/flexigpt/.../trained --labels dense flexigpt --threads 2 \\
         --out results/bench_decode.json
-    python benchmarks/bench_decode.py DIR ... --quick   # seconds: a smoke run
+    python -m benchmarks.bench_decode DIR ... --quick   # seconds: a smoke run
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import json
 import math
 import os
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from flexigpt.core.fileio import atomic_write_text  # noqa: E402
 from flexigpt.core.provenance import provenance  # noqa: E402

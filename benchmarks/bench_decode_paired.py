@@ -16,7 +16,7 @@ and the load average at start and end).
 
 Example (the default run's reference models)::
 
-    python benchmarks/bench_decode_paired.py results/smollm2-135m/dense/default/full/compressed \\
+    python -m benchmarks.bench_decode_paired results/smollm2-135m/dense/default/full/compressed \\
         results/smollm2-135m/flexigpt/default/r0.3/trained --labels dense flexigpt \\
         --rounds 30 --batch-sizes 1 4 --threads 2 --out results/bench_decode_paired.json
 """
@@ -26,17 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_decode import held_out_text, warm_up  # noqa: E402
-
+from benchmarks.bench_decode import held_out_text, warm_up  # noqa: E402
 from flexigpt.core.fileio import atomic_write_text  # noqa: E402
 from flexigpt.core.provenance import cpu_name  # noqa: E402
 from flexigpt.runtime.generation import Generator, read_prompts  # noqa: E402

@@ -18,7 +18,7 @@ be if the fast path spent nothing outside its matmuls and ran them at stock's ma
 Times are process CPU seconds (with ``--threads 1`` this is the compute actually spent, even
 when other jobs share the machine); wall seconds are reported too.
 
-    .venv/bin/python benchmarks/bench_eval.py --model resources/models/smollm2-135m \
+    .venv/bin/python -m benchmarks.bench_eval --model resources/models/smollm2-135m \
         --limit 200 --threads 1 --out /tmp/bench_eval.json
 """
 
@@ -33,9 +33,9 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-from bench_train import macs_per_token, matmul_peak
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.bench_train import macs_per_token, matmul_peak
 from flexigpt.core.fileio import atomic_write_text
 from flexigpt.runtime.evaluation.fast.lm import ATTENTION_MODES, max_abs_diff
 from flexigpt.runtime.evaluation.fast.packing import WorkCounts

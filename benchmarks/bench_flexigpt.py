@@ -10,7 +10,7 @@ of wall time. ``--compressed DIR`` times a saved model instead of compressing.
 
 Example::
 
-    python benchmarks/bench_flexigpt.py --model resources/models/smollm2-135m \\
+    python -m benchmarks.bench_flexigpt --model resources/models/smollm2-135m \\
         --calibration resources/text/wiki/train.txt --ratio 0.3 --threads 2
 """
 

@@ -32,7 +32,7 @@ measured) and a Markdown table beside it; ``--plot`` draws time and memory vs si
 
 Example (from the repository root, nothing else running)::
 
-    .venv/bin/python benchmarks/bench_scaling.py --threads 2 \\
+    .venv/bin/python -m benchmarks.bench_scaling --threads 2 \\
         --out results/reference/scaling/bench_scaling.json --plot
 """
 
@@ -55,13 +55,10 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
+from benchmarks.scaling_report import markdown, plot, write_outputs  # noqa: E402
 from flexigpt.core.params import count_parameters  # noqa: E402
 from flexigpt.runtime.generation.measure import PeakRSS  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder's scaling_report
-from scaling_report import markdown, plot, write_outputs  # noqa: E402
 
 log = logging.getLogger("bench_scaling")
 
@@ -366,8 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
 
-    from bench_train import matmul_peak  # benchmarks/ is the script's folder, on sys.path
-
+    from benchmarks.bench_train import matmul_peak
     from flexigpt.core.provenance import cpu_name
 
     figures = {

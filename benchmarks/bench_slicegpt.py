@@ -13,8 +13,8 @@ training for already-compressed ``--model-dirs``.
 
 Examples (repository root)::
 
-    .venv/bin/python benchmarks/bench_slicegpt.py memory --n 128 1024 --seq-len 256
-    .venv/bin/python benchmarks/bench_slicegpt.py quality --ratios 0.3 0.4 --rft-tokens 100000
+    .venv/bin/python -m benchmarks.bench_slicegpt memory --n 128 1024 --seq-len 256
+    .venv/bin/python -m benchmarks.bench_slicegpt quality --ratios 0.3 0.4 --rft-tokens 100000
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from flexigpt.core.params import count_parameters  # noqa: E402
 from flexigpt.core.provenance import cpu_name  # noqa: E402

@@ -29,8 +29,8 @@ matrices (the LoRA paths)):
 
 Usage::
 
-    python benchmarks/bench_train.py --threads 2 --out results/bench/bench_train.json
-    python benchmarks/bench_train.py --methods flexigpt shortgpt --variants on:8,on:8:compile
+    python -m benchmarks.bench_train --threads 2 --out results/bench/bench_train.json
+    python -m benchmarks.bench_train --methods flexigpt shortgpt --variants on:8,on:8:compile
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import contextlib
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,7 +48,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from flexigpt.core import memory  # noqa: E402
 from flexigpt.core.fileio import atomic_write_text  # noqa: E402

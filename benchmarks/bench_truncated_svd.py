@@ -25,9 +25,9 @@ Llama shapes (``--shapes``, those of ``bench_scaling.py``), one process, nothing
 
 Prints a table and writes ``--out`` (JSON). Examples::
 
-    .venv/bin/python benchmarks/bench_truncated_svd.py --threads 2 \\
+    .venv/bin/python -m benchmarks.bench_truncated_svd --threads 2 \\
         --out results/reference/scaling/bench_truncated_svd.json --shapes tinyllama-1.1b
-    .venv/bin/python benchmarks/bench_truncated_svd.py --threads 2 \\
+    .venv/bin/python -m benchmarks.bench_truncated_svd --threads 2 \\
         --margin-shapes tinyllama-1.1b --out results/reference/scaling/svd_margins.json
 """
 
@@ -36,14 +36,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flexigpt.core.fileio import atomic_write_text  # noqa: E402
 from flexigpt.core.provenance import cpu_name  # noqa: E402
@@ -143,8 +140,7 @@ def shape_margins(shape: str, ratio: float) -> dict[str, Any]:
     FlexiGPT's default policy (the pruned blocks of its ``--svd exact`` run)."""
     import copy
 
-    from bench_scaling import SHAPES, random_model
-
+    from benchmarks.bench_scaling import SHAPES, random_model
     from flexigpt.methods.flexigpt.prune import FlexiGPTConfig, compress
 
     model = random_model(shape, 0)
@@ -205,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/bench/bench_truncated_svd.json")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from bench_scaling import random_model  # the same random shapes
-
+    from benchmarks.bench_scaling import random_model  # the same random shapes
     from flexigpt.storage.models.loading import load_model
 
     figures: dict[str, Any] = {"threads": args.threads, "cpu": cpu_name(),

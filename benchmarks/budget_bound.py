@@ -20,7 +20,7 @@ wall-time target proves the target out of reach on that machine for that grid.
 
 Example (the budget ladder on the AVX2-only AMD EPYC)::
 
-    python benchmarks/budget_bound.py \\
+    python -m benchmarks.budget_bound \\
         --records results/reference/smollm2-135m-budget/inputs/results/smollm2-135m-budget \\
         --flops results/reference/bench_train_matched_intel.json \\
         --target results/reference/bench_train_1t_fp32_avx2.json --dtype fp32 --cores 2

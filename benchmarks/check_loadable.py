@@ -11,7 +11,7 @@ On one saved model (e.g. the FlexiGPT model of a DAG run) and its result JSON, p
 
 Usage::
 
-    python benchmarks/check_loadable.py results/smollm2-135m/flexigpt/default/r0.3/trained \\
+    python -m benchmarks.check_loadable results/smollm2-135m/flexigpt/default/r0.3/trained \\
         --result results/smollm2-135m/flexigpt/default/r0.3/eval_final.json --limit 10
 """
 
@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from flexigpt.runtime.evaluation.results import load_records  # noqa: E402
 from flexigpt.storage.artifacts import load_compressed  # noqa: E402

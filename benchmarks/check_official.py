@@ -14,7 +14,7 @@ per-span scores differ.
 
 Example::
 
-    python benchmarks/check_official.py --replaceme ../ReplaceMe --streamline ../LLM-Streamline \\
+    python -m benchmarks.check_official --replaceme ../ReplaceMe --streamline ../LLM-Streamline \\
         --families llama qwen2 mistral opt model --json results/reference/check_official.json
 """
 
@@ -34,15 +34,12 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import make_model  # noqa: E402
 
 from baselines.replaceme.span import angular_distances, last_token_outputs  # noqa: E402
 from baselines.replaceme.span import choose_span as replaceme_span  # noqa: E402
 from baselines.streamline.span import choose_span as streamline_span  # noqa: E402
 from baselines.streamline.span import span_similarities  # noqa: E402
+from flexigpt.storage.models.tiny import make_model  # noqa: E402
 
 
 def _stub_missing(*names: str) -> None:

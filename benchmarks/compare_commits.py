@@ -8,7 +8,7 @@ manifests' ``structure``. Prints one line per method and exits 1 if any differs.
 
 Example (from the repository root, resources fetched)::
 
-    .venv/bin/python benchmarks/compare_commits.py --base 2384b71 --methods flexigpt slicegpt
+    .venv/bin/python -m benchmarks.compare_commits --base 2384b71 --methods flexigpt slicegpt
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ nats, each task's accuracy difference and the task average in points, each with 
 paired interval over documents (windows), and each run's own perplexity and average. Use it
 for a pair the tables do not list, e.g. one option against the default setting::
 
-    python benchmarks/compare_results.py \\
+    python -m benchmarks.compare_results \\
         results/smollm2-135m/flexigpt/svd_randomized/r0.3/eval_final.json \\
         results/smollm2-135m/flexigpt/default/r0.3/eval_final.json --out diff.json
 

@@ -18,7 +18,7 @@ a job's start and its predecessor's end is time the job waited for a free core.
 
 Example (the run's working directory)::
 
-    python benchmarks/dag_profile.py --log .snakemake/log/<date>.snakemake.log \
+    python -m benchmarks.dag_profile --log .snakemake/log/<date>.snakemake.log \
         --markdown results/dag_profile.md
 """
 
@@ -35,7 +35,7 @@ import pandas as pd
 
 #: self-reported compute seconds in a job log (training, tasks, perplexity, timings).
 COMPUTE = [re.compile(r"trained \d+ steps, \d+ tokens in ([\d.]+)s"),
-           re.compile(r"INFO flexigpt\.evaluation\.(?:zeroshot|results): .*[(, ]([\d.]+) s\)$"),
+           re.compile(r"INFO flexigpt\.(?:runtime\.)?evaluation\.(?:zeroshot|results): .*[(, ]([\d.]+) s\)$"),
            re.compile(r"decode \[\d+/\d+\] .*\(([\d.]+) s\)$")]
 _RUNG = re.compile(r"trial (t\d+): rung at step \d+ after ([\d.]+)s of training")
 _CHOSE = re.compile(r"chose trial (\d+) of \d+")

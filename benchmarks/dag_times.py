@@ -7,7 +7,7 @@ concurrently, so job-seconds add up to more than the wall time of the run.
 
 Example (repository root, after ``snakemake --cores all``)::
 
-    .venv/bin/python benchmarks/dag_times.py --model smollm2-135m --markdown results/dag_times.md
+    .venv/bin/python -m benchmarks.dag_times --model smollm2-135m --markdown results/dag_times.md
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ scorers are compared document by document, and each is set beside the card's num
 the interval of ``ours − card`` (the card's number is taken as exact: its own sampling
 error is not published).
 
-    .venv/bin/python benchmarks/validate_dense.py --model resources/models/gemma3-270m \\
+    .venv/bin/python -m benchmarks.validate_dense --model resources/models/gemma3-270m \\
         --card gemma3-270m --tasks piqa arc_easy boolq:1000 \\
         --out results/reference/gemma3-270m/dense_validation
 

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import random
 import runpy
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,19 +13,15 @@ import torch
 
 from flexigpt.runtime.resources import LAYOUT, TINY, WIKI_TRAIN, build_resource
 from flexigpt.runtime.resources.wiki import build_wiki_text
+from flexigpt.storage.models.tiny import make_model  # noqa: F401  (tests import it from here)
 
 WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "are", "were", "be", "this", "which", "an", "it", "or", "had", "first", "new", "after", "also", "time", "year", "city", "river", "king", "war", "world", "part", "music", "film", "game", "team", "state", "people", "church", "school", "water", "system", "large", "small", "early", "north", "south", "famous", "history", "modern", "language", "island", "empire", "science"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_benchmark(name: str):
-    """The module ``benchmarks/<name>.py`` (benchmarks are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the body runs
-    spec.loader.exec_module(module)
-    return module
+    """The module ``benchmarks.<name>`` (the benchmark scripts are a package)."""
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def without_keys(value, keys):
@@ -178,34 +173,6 @@ def make_tokenizer(text: str, vocab_size: int = 300):
     tok.train_from_iterator(text.split("\n\n"), trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                    pad_token="<pad>")
-
-
-def make_model(family: str = "llama", layers: int = 4, hidden: int = 64, heads: int = 4,
-               kv_heads: int = 2, intermediate: int = 128, vocab: int = 300,
-               tied: bool = True, seed: int = 0):
-    """A tiny random causal LM of ``family`` (llama, mistral, qwen2, qwen3, opt,
-    gemma3_text), fp32, eval mode. OPT: pre-LN, multi-head (``kv_heads`` unused), biases,
-    learned positions, ``intermediate`` = ``ffn_dim``, dropout off. Gemma 3: ``head_dim`` =
-    hidden / heads, a sliding window of 8 tokens, five sliding layers to one global."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    if family == "opt":
-        from transformers import OPTConfig, OPTForCausalLM
-
-        return OPTForCausalLM(OPTConfig(
-            vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, ffn_dim=intermediate,
-            num_attention_heads=heads, max_position_embeddings=512, word_embed_proj_dim=hidden,
-            do_layer_norm_before=True, dropout=0.0, attention_dropout=0.0, bos_token_id=0,
-            eos_token_id=1, pad_token_id=2, tie_word_embeddings=tied)).eval()
-    extra = ({"head_dim": hidden // heads, "sliding_window": 8} if family == "gemma3_text"
-             else {})
-    cfg = AutoConfig.for_model(
-        family, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=512, tie_word_embeddings=tied, bos_token_id=0,
-        eos_token_id=1, pad_token_id=2, **extra)
-    return AutoModelForCausalLM.from_config(cfg).eval()
 
 
 def perturb_adapters(model, scale: float = 0.05, seed: int = 0) -> None:

@@ -29,17 +29,24 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from flexigpt.core.code_deps import PACKAGES, ROOT, absolute_import_base
+from flexigpt.core.code_deps import ROOT, absolute_import_base
 
 #: modules left out of the contract: the package's public re-export sits above everything
 EXEMPT = frozenset({"flexigpt"})
 
 
+def packages(root: Path = ROOT) -> tuple[str, ...]:
+    """The packages under contract: import-linter's ``root_packages`` in
+    ``root/pyproject.toml`` (the harness, its baselines and its benchmark scripts)."""
+    table = tomllib.loads((root / "pyproject.toml").read_text())
+    return tuple(table["tool"]["importlinter"]["root_packages"])
+
+
 def modules(root: Path = ROOT) -> dict[str, Path]:
     """``{dotted module name: source file}`` for every module and package of
-    :data:`flexigpt.core.code_deps.PACKAGES` under ``root``."""
+    :func:`packages` under ``root``."""
     found = {}
-    for package in PACKAGES:
+    for package in packages(root):
         for path in sorted((root / package).rglob("*.py")):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -73,12 +80,13 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """``{module: modules it imports}`` over the harness packages. An import of a package's
     own parent (implicit in Python) is not an edge; an import of a child is."""
     known = modules(root)
+    roots = packages(root)
     graph: dict[str, set[str]] = {}
     for name, path in known.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets = set()
         for imported in _imported_names(path, package):
-            if imported.split(".")[0] not in PACKAGES:
+            if imported.split(".")[0] not in roots:
                 continue
             target = _owner(imported, known)
             if target and target != name and not name.startswith(target + "."):

@@ -12,7 +12,7 @@ Two opposite needs, both about glibc's allocator and neither changing any value:
   frees the same large tensors at every step (the logits ``[B, T, V]``, their fp32 chunks,
   gradients). glibc serves every block over its mmap threshold (at most 32 MiB) with a
   fresh ``mmap`` and unmaps it on free, so every step faults in, and the kernel zeroes, each
-  4 KiB page of those tensors again. Measured (``benchmarks/bench_train.py --reuse-memory
+  4 KiB page of those tensors again. Measured (``python -m benchmarks.bench_train --reuse-memory
   both``, SmolLM2-135M FlexiGPT recovery, bf16, 8 × 256 tokens per step, Intel Xeon with
   AMX, 2 threads): a 255 × 49,152 fp32 copy took 58 ms, ~5× its memory-bandwidth time, and
   the step ran 1.4-1.6× faster with the heap kept.
