@@ -106,14 +106,13 @@ PENDING_SELECTIONS = {
     "benchmarks/budget_bound.py": 5, "benchmarks/check_official.py": 4,
     "benchmarks/compare_commits.py": 2, "benchmarks/validate_dense.py": 1,
     "flexigpt/cli/commands/extend.py": 1, "flexigpt/cli/commands/train.py": 1,
-    "flexigpt/workflow/dag/runs.py": 2, "flexigpt/workflow/dag/sections.py": 7,
-    "flexigpt/runtime/evaluation/results.py": 4, "flexigpt/export/plain.py": 2,
+    "flexigpt/workflow/dag/runs.py": 1, "flexigpt/workflow/dag/sections.py": 7,
+    "flexigpt/runtime/evaluation/results.py": 3, "flexigpt/export/plain.py": 2,
     "flexigpt/storage/manifest.py": 1, "flexigpt/tables/ablation.py": 1,
     "flexigpt/tables/claim_rows.py": 2, "flexigpt/tables/collect.py": 3,
     "flexigpt/tables/labels.py": 5,
     "flexigpt/tables/trend.py": 1, "flexigpt/tables/verdicts.py": 17,
-    "flexigpt/runtime/training/config.py": 5, "flexigpt/runtime/training/recipes.py": 3,
-    "flexigpt/runtime/training/runner.py": 1, "flexigpt/runtime/training/tuning.py": 1,
+    "flexigpt/runtime/training/runner.py": 1,
 }
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from flexigpt.storage.recipe_facts import RecipeFacts
+
 if TYPE_CHECKING:  # the registry imports nothing heavy (tables read its facts)
     from torch import nn
 
@@ -230,6 +232,8 @@ class MethodFacts:
         paper_variants: its DAG variants that are baselines of the paper's Table 1 (claim
             (c), "FlexiGPT* best vs the recovered baselines", compares against these only;
             later baselines such as ReplaceMe are compared in their own tables).
+        recipes: recovery recipes it brings to the shared trainer beside the trainer's own
+            (:class:`~flexigpt.storage.recipe_facts.RecipeFacts`, implemented in its folder).
     """
 
     target: str
@@ -248,7 +252,13 @@ class MethodFacts:
     structure_defaults: tuple[tuple[str, Any], ...] = ()
     replacement: str | None = None
     paper_variants: tuple[str, ...] = ()
+    recipes: tuple[RecipeFacts, ...] = ()
 
+
+#: FlexiGPT's recipe: the replacement/repeat blocks' adapters, γ at its own learning rate
+FLEXIGPT_RECIPE = RecipeFacts("flexigpt", 4e-3, "flexigpt.methods.flexigpt.recipe:RECIPE",
+                              grid_keys=("lr", "gamma_lr"), own_lrs=("gamma_lr",), lora=True,
+                              other_blocks=True)
 
 #: every family the adapters know (``flexigpt.storage.models.adapters.ADAPTERS``; a test keeps them equal)
 ALL_FAMILIES = ("llama", "opt", "gemma3")
@@ -294,7 +304,8 @@ METHODS: dict[str, MethodFacts] = {
                             block_influence=True, speculative=True, timed=True,
                             block_count="replace", start_stage=True, manifest_figures=True,
                             variant_labels=(("lora_all", "FlexiGPT + LoRA on unpruned blocks"),),
-                            replacement="weight-shared block + LoRA", families=ALL_FAMILIES),
+                            replacement="weight-shared block + LoRA", families=ALL_FAMILIES,
+                            recipes=(FLEXIGPT_RECIPE,)),
     "flexigpt_extend": MethodFacts("flexigpt.methods.flexigpt.extend:METHOD", "FlexiGPT extension",
                                    calibration=False, speculative=True, timed=True,
                                    families=ALL_FAMILIES),
@@ -336,6 +347,15 @@ def is_paper_baseline(method: str, variant: str) -> bool:
     (:attr:`MethodFacts.paper_variants`)."""
     facts = METHODS.get(method)
     return facts is not None and variant in facts.paper_variants
+
+
+def method_recipes() -> tuple[RecipeFacts, ...]:
+    """The recovery recipes the registered methods bring, in table order (each once)."""
+    found: dict[str, RecipeFacts] = {}
+    for facts in METHODS.values():
+        for recipe in facts.recipes:
+            found.setdefault(recipe.name, recipe)
+    return tuple(found.values())
 
 
 def methods_with(fact: str) -> tuple[str, ...]:

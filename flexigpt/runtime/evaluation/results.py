@@ -59,6 +59,7 @@ from flexigpt.methods.calibration import token_windows
 from flexigpt.methods.perplexity import window_nlls
 from flexigpt.runtime.evaluation.tasks import PAPER_TASKS, task_specs
 from flexigpt.runtime.evaluation.zeroshot import BACKENDS, lm_config, make_lm, run_tasks
+from flexigpt.runtime.training.config import uses_own_lr
 from flexigpt.storage import artifacts
 from flexigpt.storage.manifest import manifest_hash
 
@@ -234,7 +235,8 @@ def recovery_summary(manifest: Manifest | None,
     else:
         lr_source = (plan.get("sources") or {}).get("lr", "unknown")
     return {"recipe": last.get("recipe"), "loss": last.get("loss", "lm"), "lr": plan.get("lr"),
-            "gamma_lr": plan.get("gamma_lr") if last.get("recipe") == "flexigpt" else None,
+            "gamma_lr": (plan.get("gamma_lr") if uses_own_lr(last.get("recipe"), "gamma_lr")
+                         else None),
             "trainable_params": trainable.get("trainable_parameters"),
             "tokens": last.get("tokens"), "budget": trainable.get("budget"),
             "lr_source": lr_source}

@@ -1,9 +1,9 @@
 """Trainable-set recipes: which parameters recovery training updates.
 
-- ``flexigpt``: the replacement/repeat blocks' adapters (parameters named ``lora_A``,
-  ``lora_B`` of ``SharedLoRALinear`` and ``gamma`` of ``OutputNorm``); everything else is
-  frozen. With ``lora_other_blocks`` the other blocks' unshared linears also get mergeable
-  LoRA (:mod:`flexigpt.methods.lora`).
+:func:`apply_recipe` asks the plan's recipe (:data:`flexigpt.runtime.training.config.RECIPE_FACTS`,
+a :class:`~flexigpt.storage.recipe_facts.RecipeFacts`) for its trainable set and never names
+a method. The trainer's own recipes are implemented here:
+
 - ``lora``: mergeable LoRA on the target linears of every decoder block (not embeddings or
   head, not FlexiGPT's wrappers, not weights shared between modules); the rest frozen.
 - ``full``: every parameter (the extension's control: the base model trained on the same
@@ -14,6 +14,9 @@
   e.g. ShortGPT + "fine-tune the LM head and the last 3 blocks", Reassessing Layer Pruning
   in LLMs). Where the LM head's weight is tied to the input embedding (SmolLM2), training
   the head trains the tied embedding too: logged, and recorded as ``tied_embedding``.
+
+A method's own recipe lives in its folder (FlexiGPT's adapters:
+:mod:`flexigpt.methods.flexigpt.recipe`).
 """
 
 from __future__ import annotations
@@ -31,14 +34,12 @@ from flexigpt.methods.lora import (
     lora_params_per_rank,
     rank_for_budget,
 )
-from flexigpt.methods.sharing import ADAPTER_PARAMS, adapter_trainable
-from flexigpt.runtime.training.config import TrainPlan, check_last_blocks
+from flexigpt.runtime.training.config import RECIPE_FACTS, TrainPlan, check_last_blocks
 from flexigpt.storage.models.adapters import get_adapter
+from flexigpt.storage.recipe_facts import TrainableSet
 
 log = logging.getLogger(__name__)
 
-#: Parameter names (last path component) trained by the ``flexigpt`` recipe.
-FLEXIGPT_PARAMS = ADAPTER_PARAMS
 #: A matched trainable budget further off than this (relative) is logged as a warning.
 BUDGET_TOLERANCE = 0.02
 
@@ -66,10 +67,6 @@ class RecipeReport:
         return out
 
 
-def _leaf(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
 def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
     """Freeze ``model`` except the recipe's trainable set (injecting LoRA where needed).
 
@@ -78,21 +75,18 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
             replacement adapters, or ``lora`` on a model whose linears are all shared).
     """
     adapter = get_adapter(model)
+    trainable_set = RECIPE_FACTS[plan.recipe].trainable_set()
     model.requires_grad_(False)
     targets = plan.lora_targets or tuple(dict.fromkeys(adapter.attn_linears
                                                        + adapter.mlp_linears))
     blocks = [(f"{adapter.layers_path}.{i}", b) for i, b in enumerate(adapter.layers(model))]
-    own = [n for n, _ in model.named_parameters() if _leaf(n) in FLEXIGPT_PARAMS]
-    lora_blocks = blocks
-    if plan.recipe == "flexigpt":
-        lora_blocks = [(p, b) for p, b in blocks
-                       if not any(_leaf(n) in FLEXIGPT_PARAMS for n, _ in b.named_parameters())]
+    lora_blocks = trainable_set.lora_blocks(blocks)
     rank, alpha, budget = plan.lora_rank, plan.lora_alpha, None
     if plan.lora_budget is not None:
-        rank, alpha, budget = _budget_rank(model, plan, plan.lora_budget, lora_blocks, targets)
-    injected, skipped = _make_trainable(model, plan, bool(own), lora_blocks, targets, rank,
-                                        alpha)
-    tied = plan.recipe == "last_blocks" and _check_last_blocks_set(model, plan)
+        rank, alpha, budget = _budget_rank(model, plan, plan.lora_budget, lora_blocks, targets,
+                                           trainable_set.fixed_trainable(model))
+    injected, skipped = trainable_set.unfreeze(model, plan, lora_blocks, targets, rank, alpha)
+    tied = trainable_set.tied_embedding(model, plan)
     if skipped:
         log.info("recipe %s: %d linear(s) share their weight with another module and get "
                  "no mergeable LoRA (e.g. %s)", plan.recipe, len(skipped), skipped[0])
@@ -103,7 +97,8 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
         frozen_parameters=count_parameters(model) - trainable,
         lora_injected=injected, lora_skipped_shared=skipped,
         lora_rank=rank if injected else None, lora_alpha=alpha if injected else None,
-        budget=budget, last_blocks=plan.last_blocks if plan.recipe == "last_blocks" else None,
+        budget=budget,
+        last_blocks=plan.last_blocks if RECIPE_FACTS[plan.recipe].last_blocks else None,
         tied_embedding=tied)
     if budget is not None and budget["achieved"] != trainable:
         raise RuntimeError(f"budget arithmetic predicted {budget['achieved']:,} trainable "
@@ -114,19 +109,18 @@ def apply_recipe(model: nn.Module, plan: TrainPlan) -> RecipeReport:
 
 
 def _budget_rank(model: nn.Module, plan: TrainPlan, target: int,
-                 lora_blocks: list[tuple[str, nn.Module]],
-                 targets: tuple[str, ...]) -> tuple[int, float, dict[str, Any]]:
-    """``(rank, alpha, budget record)`` of the mergeable LoRA whose trainable count (the
-    FlexiGPT adapters included for recipe ``flexigpt``) is nearest ``target``
-    (``plan.lora_budget``); α is scaled to keep the LoRA scaling α/r. Logs a warning beyond
-    :data:`BUDGET_TOLERANCE`."""
-    fixed = adapter_trainable(model) if plan.recipe == "flexigpt" else 0
+                 lora_blocks: list[tuple[str, nn.Module]], targets: tuple[str, ...],
+                 fixed: int) -> tuple[int, float, dict[str, Any]]:
+    """``(rank, alpha, budget record)`` of the mergeable LoRA whose trainable count (with the
+    ``fixed`` parameters the recipe trains besides, e.g. FlexiGPT's adapters) is nearest
+    ``target`` (``plan.lora_budget``); α is scaled to keep the LoRA scaling α/r. Logs a
+    warning beyond :data:`BUDGET_TOLERANCE`."""
     per_rank = lora_params_per_rank(lora_candidates(model, lora_blocks, targets)[0])
     smallest = fixed + per_rank
     if target < smallest and (smallest - target) / target > BUDGET_TOLERANCE:
         raise ValueError(f"lora budget {target:,} is below the smallest trainable set of this "
                          f"model: {smallest:,} parameters (LoRA rank 1"
-                         + (" + the FlexiGPT adapters)" if fixed else ")"))
+                         + (" + the method's own adapters)" if fixed else ")"))
     rank = rank_for_budget(target, fixed, per_rank)
     alpha = plan.lora_alpha * rank / plan.lora_rank  # keep the LoRA scaling α/r
     achieved = fixed + rank * per_rank
@@ -138,22 +132,22 @@ def _budget_rank(model: nn.Module, plan: TrainPlan, target: int,
     return rank, alpha, budget
 
 
-def _make_trainable(model: nn.Module, plan: TrainPlan, has_adapters: bool,
-                    lora_blocks: list[tuple[str, nn.Module]], targets: tuple[str, ...],
-                    rank: int, alpha: float) -> tuple[list[str], list[str]]:
-    """Unfreeze the recipe's trainable set of the frozen ``model`` (injecting mergeable LoRA
-    into ``lora_blocks`` where the recipe has it); ``has_adapters``: the model had FlexiGPT
-    adapter parameters before any injection. Returns the injected and the skipped (shared)
-    linears' names.
+class _Full(TrainableSet):
+    """``full``: every parameter."""
 
-    Raises:
-        ValueError: nothing to train for the recipe, or an unknown recipe.
-    """
-    injected: list[str] = []
-    skipped: list[str] = []
-    if plan.recipe == "full":
+    def unfreeze(self, model: nn.Module, plan: Any, lora_blocks: list[tuple[str, nn.Module]],
+                 targets: tuple[str, ...], rank: int,
+                 alpha: float) -> tuple[list[str], list[str]]:
         model.requires_grad_(True)
-    elif plan.recipe == "lora":
+        return [], []
+
+
+class _Lora(TrainableSet):
+    """``lora``: mergeable LoRA on the target linears of every decoder block."""
+
+    def unfreeze(self, model: nn.Module, plan: Any, lora_blocks: list[tuple[str, nn.Module]],
+                 targets: tuple[str, ...], rank: int,
+                 alpha: float) -> tuple[list[str], list[str]]:
         injected, skipped = inject_lora(model, lora_blocks, targets, rank, alpha,
                                         plan.lora_dropout)
         if not injected:
@@ -162,22 +156,33 @@ def _make_trainable(model: nn.Module, plan: TrainPlan, has_adapters: bool,
         for name in injected:
             for p in model.get_submodule(name).parameters(recurse=False):
                 p.requires_grad_(True)
-    elif plan.recipe == "flexigpt":
-        if not has_adapters:
-            raise ValueError("recipe 'flexigpt' found no parameters named "
-                             f"{FLEXIGPT_PARAMS} (no replacement/repeat blocks in this model)")
-        if plan.lora_other_blocks:
-            injected, skipped = inject_lora(model, lora_blocks, targets, rank, alpha,
-                                            plan.lora_dropout)
-        for name, p in model.named_parameters():
-            if _leaf(name) in FLEXIGPT_PARAMS:
-                p.requires_grad_(True)
-    elif plan.recipe == "last_blocks":
+        return injected, skipped
+
+
+class _Nothing(TrainableSet):
+    """``none``: nothing trains."""
+
+    def unfreeze(self, model: nn.Module, plan: Any, lora_blocks: list[tuple[str, nn.Module]],
+                 targets: tuple[str, ...], rank: int,
+                 alpha: float) -> tuple[list[str], list[str]]:
+        return [], []
+
+
+class _LastBlocks(TrainableSet):
+    """``last_blocks``: the last k blocks, the final norm and the LM head."""
+
+    def unfreeze(self, model: nn.Module, plan: Any, lora_blocks: list[tuple[str, nn.Module]],
+                 targets: tuple[str, ...], rank: int,
+                 alpha: float) -> tuple[list[str], list[str]]:
         for module in _last_blocks_set(model, plan.last_blocks).values():
             module.requires_grad_(True)
-    elif plan.recipe != "none":
-        raise ValueError(f"unknown recipe {plan.recipe!r}")
-    return injected, skipped
+        return [], []
+
+    def tied_embedding(self, model: nn.Module, plan: Any) -> bool:
+        return _check_last_blocks_set(model, plan)
+
+
+FULL, LORA, NONE, LAST_BLOCKS = _Full(), _Lora(), _Nothing(), _LastBlocks()
 
 
 def _last_blocks_set(model: nn.Module, k: int | None) -> dict[str, nn.Module]:

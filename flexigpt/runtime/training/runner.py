@@ -26,7 +26,7 @@ from flexigpt.runtime.training.checkpoint import (
     fingerprint,
     remove_checkpoint,
 )
-from flexigpt.runtime.training.config import TrainConfig, TrainPlan, resolve_plan
+from flexigpt.runtime.training.config import RECIPE_FACTS, TrainConfig, TrainPlan, resolve_plan
 from flexigpt.runtime.training.data import WindowStream
 from flexigpt.runtime.training.loop import LoopResult, StepHook, run_loop, train_device
 from flexigpt.runtime.training.memo import SweepMemo
@@ -127,7 +127,7 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
              cfg.global_batch * cfg.seq_len, run.plan.lr)
 
     result = None
-    if run.plan.recipe == "none":
+    if not RECIPE_FACTS[run.plan.recipe].trains:
         state = TrainState(log=[{"step": 0, "tokens": 0, "loss": None, "lr": None, "ppl": None}])
     else:
         result = run_loop(run.model, run.stream, run.val, cfg, run.plan, ckpt, digest, on_step,

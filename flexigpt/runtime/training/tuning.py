@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from flexigpt.core import faults
 from flexigpt.core.fileio import CheckpointError, atomic_directory, atomic_write_text
-from flexigpt.runtime.training.config import TrainConfig
+from flexigpt.runtime.training.config import TrainConfig, uses_own_lr
 from flexigpt.runtime.training.loop import TrainingDivergedError
 from flexigpt.runtime.training.memo import SweepMemo
 from flexigpt.runtime.training.processes import barrier, broadcast_from_main, is_main_process
@@ -61,7 +61,7 @@ def _scored(point: dict[str, Any], plan: dict[str, Any], trainable: dict[str, An
     """The fields every scored trial record has (its learning rates from the resolved
     ``plan``, counts from the trainable report)."""
     return {"schema": SCHEMA, "point": point, "diverged": False, "lr": plan["lr"],
-            "gamma_lr": plan["gamma_lr"] if plan["recipe"] == "flexigpt" else None,
+            "gamma_lr": plan["gamma_lr"] if uses_own_lr(plan["recipe"], "gamma_lr") else None,
             "tune_ppl": tune_ppl, "tune_ppl_before": tune_ppl_before,
             "trainable_params": trainable["trainable_parameters"], "tokens": tokens,
             "recipe": plan["recipe"], "budget": trainable.get("budget")}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from flexigpt.runtime.training.config import TrainConfig
+from flexigpt.runtime.training.config import RECIPE_FACTS, TrainConfig
 from flexigpt.storage.registry import METHODS, get_method, methods_with
 
 #: methods whose configs accept precomputed Block Influence scores (computed once per model).
@@ -23,9 +23,8 @@ TABLES = ("dense", "main", "paper_protocol", "kd", "ablation", "extension", "bud
 BUDGET_LR = ("sweep", "smallest")
 #: which budget points are scored on the tasks (``budget.tasks``; perplexity at every point).
 BUDGET_TASKS = ("all", "top")
-#: learning-rate keys a tuning grid may sweep, per trainer recipe.
-GRID_KEYS = {"flexigpt": ("lr", "gamma_lr"), "lora": ("lr",), "full": ("lr",),
-             "last_blocks": ("lr",)}
+#: learning-rate keys a tuning grid may sweep, per trainer recipe (``RecipeFacts.grid_keys``).
+GRID_KEYS = {name: r.grid_keys for name, r in RECIPE_FACTS.items() if r.grid_keys}
 
 #: ``(model, method, variant, setting)``: the wildcards of one run
 Key = tuple[str, str, str, str]
