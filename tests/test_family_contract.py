@@ -11,17 +11,13 @@ from conftest import make_model
 
 from flexigpt.storage.models import UnsupportedArchitectureError, get_adapter
 from flexigpt.storage.models.adapters import ADAPTERS
-from flexigpt.storage.registry import METHODS, get_method
+from flexigpt.storage.registry import METHODS, get_method, tiny_options
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 CALIB = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
-#: the smallest options under which each method changes a 6-block model
-OPTIONS = {"dense": {}, "shortgpt": {"ratio": 0.3}, "shortgpt_lora": {"ratio": 0.3},
-           "slicegpt": {"ratio": 0.3, "round_to": 2, "tolerance": 0.05}, "llm_pruner": {"ratio": 0.3},
-           "replaceme": {"ratio": 0.3}, "streamline": {"ratio": 0.3, "epochs": 1},
-           "flexigpt": {"ratio": 0.3, "rank": 4},
-           "flexigpt_extend": {"layers": 8, "rank": 4}}
+#: each method's declared options for a tiny model (MethodFacts.tiny_options), at 6 blocks
+OPTIONS = {name: tiny_options(name, 6) for name in METHODS}
 
 
 def tiny(model_type: str):
@@ -31,8 +27,9 @@ def tiny(model_type: str):
     return model
 
 
-def test_every_method_has_options_here():
-    assert set(OPTIONS) == set(METHODS)
+def test_every_method_changes_a_tiny_model_by_its_declared_options():
+    """A method declares options for the tiny models (dense alone needs none)."""
+    assert [name for name in METHODS if not METHODS[name].tiny_options] == ["dense"]
 
 
 @pytest.mark.parametrize("model_type", sorted(ADAPTERS))

@@ -25,6 +25,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 from flexigpt.runtime.evaluation.fast.lm import FastHFLM  # noqa: E402
+from flexigpt.storage.registry import METHODS, tiny_options  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -228,11 +229,10 @@ def test_fast_with_bos_and_bf16(tiny_model, tiny_tokenizer, text_file):
         FastHFLM(pretrained=tiny_model, tokenizer=tiny_tokenizer, attention="flash")
 
 
-#: options giving each registered method's model a non-trivial structure on the tiny model
-METHOD_OPTIONS = {"flexigpt": {"ratio": 0.5}, "flexigpt_extend": {"layers": 9, "gamma_init": 0.5},
-                  "shortgpt": {"ratio": 0.3}, "shortgpt_lora": {"ratio": 0.3},
-                  "slicegpt": {"ratio": 0.3, "round_to": 1}, "llm_pruner": {"ratio": 0.3},
-                  "replaceme": {"ratio": 0.3}, "streamline": {"ratio": 0.3, "epochs": 1}}
+#: every registered method but the dense reference, with its declared tiny-model options
+#: (MethodFacts.tiny_options: a non-trivial structure on a 6-block model)
+METHOD_OPTIONS = {name: tiny_options(name, 6) for name, facts in METHODS.items()
+                  if facts.tiny_options}
 
 
 @pytest.mark.parametrize("family", ["llama", "opt", "gemma3_text"])
@@ -241,20 +241,16 @@ def test_fast_matches_stock_on_every_method(tiny_tokenizer, method, family):
     """Gemma 3's tiny model has an 8-token sliding window, so the 48-token requests need
     the tree attention's sliding mask."""
     from flexigpt.storage.models.adapters import ADAPTERS
-    from flexigpt.storage.registry import METHODS, get_method
+    from flexigpt.storage.registry import get_method
 
-    assert set(METHOD_OPTIONS) | {"dense"} == set(METHODS), "new method: add it here"
     if ADAPTERS[family].family not in METHODS[method].families:
         pytest.skip(f"{method} refuses the {family} family (test_family_contract)")
     spec = get_method(method)
     calib = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
-    options = dict(METHOD_OPTIONS[method])
-    if family == "opt" and method == "slicegpt":
-        options["tolerance"] = 0.05  # its learned position table moves the reachable ratios
     with torch.no_grad():
         model = spec.compress(make_model(family, layers=6), None, calib,
-                              spec.make_config(**options)).model.eval()
-    if method.startswith("flexigpt"):
+                              spec.make_config(**METHOD_OPTIONS[method])).model.eval()
+    if METHODS[method].speculative:  # weight-shared blocks (FlexiGPT's)
         from flexigpt.methods.sharing import SharedLoRALinear
 
         assert any(isinstance(m, SharedLoRALinear) for m in model.modules())

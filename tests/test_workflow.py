@@ -72,11 +72,16 @@ def test_checkout_on_pythonpath(monkeypatch, tmp_path):
     assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(tmp_path.resolve()), "/other"]
 
 
-def test_schema_methods_match_registry():
+def test_schema_methods_come_from_the_registry():
+    """The schema holds no hand-kept method list: config_schema fills it from the registry
+    (section "methods"; the extension is configured under `extension:`)."""
+    from flexigpt.workflow.config_schema import _validator
+
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
-    enum = set(schema["properties"]["methods"]["propertyNames"]["enum"])
-    # flexigpt_extend is configured under `extension:`, not `methods:`
-    assert enum == set(METHODS) - {"flexigpt_extend"}
+    assert schema["properties"]["methods"]["propertyNames"] == {"x-registry": "methods"}
+    filled = _validator().schema["properties"]["methods"]["propertyNames"]["enum"]
+    assert filled == [m for m, f in METHODS.items() if f.section == "methods"]
+    assert set(filled) == set(METHODS) - {"flexigpt_extend"}
 
 
 @pytest.mark.parametrize("mutate,message", [

@@ -234,6 +234,12 @@ class MethodFacts:
             later baselines such as ReplaceMe are compared in their own tables).
         recipes: recovery recipes it brings to the shared trainer beside the trainer's own
             (:class:`~flexigpt.storage.recipe_facts.RecipeFacts`, implemented in its folder).
+        section: the config section that runs it in the DAG: ``methods`` (a key of the
+            config's ``methods:``; the schema's list of them is this registry's) or
+            ``extension`` (the FlexiGPT extension, configured under ``extension:``).
+        tiny_options: ``(option, value)`` pairs under which it changes a tiny random model
+            of 6-8 blocks (hidden 64-128): the options every contract test compresses it
+            with (:func:`tiny_options`; a :class:`Depth` value is relative to the model).
     """
 
     target: str
@@ -253,7 +259,27 @@ class MethodFacts:
     replacement: str | None = None
     paper_variants: tuple[str, ...] = ()
     recipes: tuple[RecipeFacts, ...] = ()
+    section: str = "methods"
+    tiny_options: tuple[tuple[str, Any], ...] = ()
 
+
+@dataclass(frozen=True)
+class Depth:
+    """An option value of ``MethodFacts.tiny_options``: the tiny model's block count +
+    ``extra`` (e.g. the extension's target depth)."""
+
+    extra: int
+
+
+def tiny_options(name: str, n_blocks: int) -> dict[str, Any]:
+    """The options of method ``name`` for a tiny model of ``n_blocks`` decoder blocks
+    (``MethodFacts.tiny_options`` with :class:`Depth` values resolved)."""
+    return {key: n_blocks + value.extra if isinstance(value, Depth) else value
+            for key, value in METHODS[name].tiny_options}
+
+
+#: the ratio every tiny contract test compresses at (a block or more of a 6-block model)
+_TINY = (("ratio", 0.3),)
 
 #: FlexiGPT's recipe: the replacement/repeat blocks' adapters, γ at its own learning rate
 FLEXIGPT_RECIPE = RecipeFacts("flexigpt", 4e-3, "flexigpt.methods.flexigpt.recipe:RECIPE",
@@ -275,40 +301,47 @@ METHODS: dict[str, MethodFacts] = {
     "dense": MethodFacts("flexigpt.methods.dense:METHOD", "Dense", calibration=False,
                          timed=True, families=ALL_FAMILIES),
     "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT",
+                            tiny_options=(*_TINY, ("round_to", 2), ("tolerance", 0.05)),
                             variant_labels=(("rft", "SliceGPT + RFT"),),
                             paper_variants=("default", "rft"),
                             structure_defaults=(("head_bias", False),),
                             family_refusals=(("gemma3", SANDWICH_NORMS_BREAK_INVARIANCE),),
                             embedding_surgery=True),
     "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner",
+                              tiny_options=_TINY,
                               variant_labels=(("lora", "LLM-Pruner + LoRA"),),
                               paper_variants=("default", "lora"), families=ALL_FAMILIES),
-    "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT",
+    "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT", tiny_options=_TINY,
                             block_influence=True, timed=True, block_count="remove",
                             variant_labels=(("last3", "ShortGPT + FT last 3 blocks & head"),),
                             replacement="nothing (skip)", paper_variants=("default",),
                             families=ALL_FAMILIES),
     "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",
+                                 tiny_options=_TINY,
                                  block_influence=True, block_count="remove",
                                  replacement="nothing (skip)", paper_variants=("default",),
                                  families=ALL_FAMILIES),
-    "replaceme": MethodFacts("baselines.replaceme.method:METHOD", "ReplaceMe",
+    "replaceme": MethodFacts("baselines.replaceme.method:METHOD", "ReplaceMe", tiny_options=_TINY,
                              block_count="remove", timed=True,
                              variant_labels=(("lora", "ReplaceMe + LoRA"),),
                              replacement="linear map (folded)",
                              family_refusals=(("gemma3", MAP_PAST_POST_NORM),)),
     "streamline": MethodFacts("baselines.streamline.method:METHOD", "LLM-Streamline",
+                              tiny_options=(*_TINY, ("epochs", 1)),
                               timed=True, variant_labels=(("lora", "LLM-Streamline + LoRA"),),
                               replacement="one trained module", families=ALL_FAMILIES),
     "flexigpt": MethodFacts("flexigpt.methods.flexigpt.prune:METHOD", "FlexiGPT",
+                            tiny_options=(*_TINY, ("rank", 4)),
                             block_influence=True, speculative=True, timed=True,
                             block_count="replace", start_stage=True, manifest_figures=True,
                             variant_labels=(("lora_all", "FlexiGPT + LoRA on unpruned blocks"),),
                             replacement="weight-shared block + LoRA", families=ALL_FAMILIES,
                             recipes=(FLEXIGPT_RECIPE,)),
     "flexigpt_extend": MethodFacts("flexigpt.methods.flexigpt.extend:METHOD", "FlexiGPT extension",
+                                   tiny_options=(("layers", Depth(2)), ("rank", 4),
+                                                 ("gamma_init", 0.5)),
                                    calibration=False, speculative=True, timed=True,
-                                   families=ALL_FAMILIES),
+                                   families=ALL_FAMILIES, section="extension"),
 }
 
 
@@ -347,6 +380,11 @@ def is_paper_baseline(method: str, variant: str) -> bool:
     (:attr:`MethodFacts.paper_variants`)."""
     facts = METHODS.get(method)
     return facts is not None and variant in facts.paper_variants
+
+
+def methods_in_section(section: str) -> tuple[str, ...]:
+    """The methods a config section runs (``MethodFacts.section``), in table order."""
+    return tuple(name for name, facts in METHODS.items() if facts.section == section)
 
 
 def method_recipes() -> tuple[RecipeFacts, ...]:

@@ -23,6 +23,7 @@ import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
+from flexigpt.storage.registry import methods_in_section
 from flexigpt.workflow.config_check import ConfigError
 from flexigpt.workflow.dag.defaults import SCHEMA
 
@@ -39,9 +40,32 @@ _BOUNDS = {"minItems": "needs at least {v} item(s)", "maxItems": "holds more tha
            "uniqueItems": "repeats an item", "minProperties": "needs at least {v} key(s)"}
 
 
+#: ``x-registry`` lists the schema fills from the method registry (``{x-registry: methods}``
+#: becomes ``{enum: [...]}``; JSON Schema ignores the unknown keyword, so Snakemake's own
+#: ``validate`` of the same file accepts any name there and this check is the one that refuses)
+REGISTRY_LISTS = {"methods": lambda: list(methods_in_section("methods"))}
+
+
+def filled_schema(node: Any) -> Any:
+    """The schema ``node`` with every ``{x-registry: <list>}`` replaced by its ``enum``
+    (:data:`REGISTRY_LISTS`; ValueError for an unknown list)."""
+    if isinstance(node, dict):
+        out = {k: filled_schema(v) for k, v in node.items() if k != "x-registry"}
+        if "x-registry" in node:
+            name = node["x-registry"]
+            if name not in REGISTRY_LISTS:
+                raise ValueError(f"{SCHEMA}: unknown x-registry list {name!r} "
+                                 f"(known: {', '.join(REGISTRY_LISTS)})")
+            out["enum"] = REGISTRY_LISTS[name]()
+        return out
+    if isinstance(node, list):
+        return [filled_schema(v) for v in node]
+    return node
+
+
 @lru_cache(maxsize=1)
 def _validator() -> Draft202012Validator:
-    return Draft202012Validator(yaml.safe_load(SCHEMA.read_text()))
+    return Draft202012Validator(filled_schema(yaml.safe_load(SCHEMA.read_text())))
 
 
 def key_path(error: ValidationError) -> str:
