@@ -94,5 +94,6 @@ def test_every_module_a_real_compress_imports_is_in_the_closure(tmp_path, text_f
     assert out.returncode == 0, out.stderr[-3000:]
     loaded = {str(Path(f).resolve().relative_to(ROOT)) for f in
               json.loads(out.stdout.strip().splitlines()[-1]) if f}
+    loaded -= {"flexigpt/storage/models/tiny.py"}  # the probe's own model builder (conftest)
     assert loaded and loaded <= _rel(closure(SCRIPTS / "compress.py")), \
         loaded - _rel(closure(SCRIPTS / "compress.py"))

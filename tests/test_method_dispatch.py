@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: modules allowed to name methods: the methods' own folders (FlexiGPT's, the dense reference,
 #: each baseline's; not the tools in flexigpt/methods/ every method shares) and the registry;
 #: the standalone remote-code file replays each method's structure without importing the harness
-OWNERS = ("flexigpt/methods/flexigpt/", "flexigpt/methods/dense.py", "baselines/",
+OWNERS = ("flexigpt/methods/flexigpt/", "flexigpt/methods/dense/", "baselines/",
           "flexigpt/storage/registry.py", "flexigpt/export/modeling_flexigpt_compressed.py")
 #: module → comparisons it still makes; empty now, and it may not grow
 PENDING: dict[str, int] = {}

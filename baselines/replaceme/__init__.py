@@ -9,7 +9,3 @@ Modules: ``config`` (options), ``span`` (angular distances, span choice), ``tran
 (activation statistics, the least-squares and cosine estimates, folding), ``method``
 (``METHOD`` for the registry: compress / rebuild).
 """
-
-from baselines.replaceme.config import ReplaceMeConfig
-
-__all__ = ["ReplaceMeConfig"]

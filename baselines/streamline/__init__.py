@@ -5,7 +5,3 @@ Modules: ``config`` (options), ``span`` (cosine similarity of a span's input and
 ``modules`` (the FFN replacement), ``train`` (the MSE fit on calibration hidden states),
 ``method`` (``METHOD`` for the registry: compress / rebuild).
 """
-
-from baselines.streamline.config import StreamlineConfig
-
-__all__ = ["StreamlineConfig"]

@@ -4,7 +4,8 @@
 module it reaches, each ``import`` / ``from ... import`` statement (wherever it stands,
 function bodies included) and each string constant that names a harness module
 (``"baselines.slicegpt.method:METHOD"``, as the registry and the CLI load methods and
-commands), restricted to the packages ``flexigpt`` and ``baselines``; every parent package's
+commands) or a module of every subpackage (``"baselines.*.facts"``, the registry's discovery
+of the method folders' declarations), restricted to the packages ``flexigpt`` and ``baselines``; every parent package's
 ``__init__.py`` comes along, since importing a submodule runs it. The closure
 over-approximates what a step runs (a module reached only in a branch the step never takes
 still counts), never under-approximates it for these import forms.
@@ -24,6 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flexigpt", "baselines")
 _MODULE_STRING = re.compile(r"^((?:flexigpt|baselines)(?:\.\w+)*)(?::\w+)?$")
+#: ``"<package>.*.<module>"``: that module of every subpackage (the registry's discovery of
+#: the method folders' ``facts``), expanded to the modules that exist
+_MODULE_PATTERN = re.compile(r"^((?:flexigpt|baselines)(?:\.\w+)*)\.\*\.(\w+)$")
 
 
 def module_file(name: str, root: Path = ROOT) -> Path | None:
@@ -56,12 +60,23 @@ def _references(path: Path, root: Path) -> tuple[str, ...]:
                 names = [base] + [f"{base}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             match = _MODULE_STRING.match(node.value)
+            pattern = _MODULE_PATTERN.match(node.value)
             if match:
                 names = [match.group(1)]
+            elif pattern:
+                names = _expand(pattern.group(1), pattern.group(2), root)
         for name in names:
             if name.split(".")[0] in PACKAGES:
                 found.update(_with_parents(name))
     return tuple(sorted(found))
+
+
+def _expand(package: str, module: str, root: Path) -> list[str]:
+    """``package.<sub>.module`` for every subpackage ``<sub>`` of ``package`` under ``root``
+    that has that module."""
+    base = root.joinpath(*package.split("."))
+    return [f"{package}.{sub.name}.{module}" for sub in sorted(base.iterdir())
+            if (sub / "__init__.py").is_file() and (sub / f"{module}.py").is_file()]
 
 
 def _package_of(path: Path, root: Path) -> str | None:

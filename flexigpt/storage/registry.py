@@ -1,8 +1,11 @@
-"""The one registry of compression methods.
+"""The one registry of compression methods, built from the methods' own declarations.
 
-Keys are exactly the ``{method}`` wildcard values of the Snakemake DAG and the values of
-``flexigpt compress --method``. Entries are loaded lazily (``"module:attr"``) so heavy
-baseline imports happen only when used.
+Every method folder (``flexigpt/methods/<name>/``, ``baselines/<name>/``) declares its
+methods in a light ``facts.py`` (:class:`~flexigpt.storage.method_facts.MethodFacts`);
+:func:`discover_methods` collects them into :data:`METHODS` in table order, so a new method
+is one new folder and no list here. Keys are exactly the ``{method}`` wildcard values of the
+Snakemake DAG and the values of ``flexigpt compress --method``. Implementations are loaded
+lazily (``"module:attr"``) so heavy baseline imports happen only when used.
 """
 
 from __future__ import annotations
@@ -10,11 +13,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from flexigpt.storage.method_facts import ALL_FAMILIES, Depth, MethodFacts
 from flexigpt.storage.recipe_facts import RecipeFacts
+
+__all__ = ["ALL_FAMILIES", "FACTS_MODULES", "METHODS", "ROLES", "CompressionResult", "Depth",
+           "Method", "MethodFacts", "NotExportable", "RecoveryRecipe", "Roles",
+           "UnknownMethodError", "discover_methods", "get_method", "is_paper_baseline",
+           "method_recipes", "methods_in_section", "methods_with", "tiny_options",
+           "validate_ratio"]
 
 if TYPE_CHECKING:  # the registry imports nothing heavy (tables read its facts)
     from torch import nn
@@ -189,160 +201,42 @@ class NotExportable(ValueError):
     """A saved model with no exact stock (plain transformers) form; the message says why."""
 
 
-@dataclass(frozen=True)
-class MethodFacts:
-    """Everything the DAG, the tables and the decoders know about a method, in one place
-    (importing nothing heavy: the implementation loads lazily from ``target``).
-
-    Attributes:
-        target: ``"module:attribute"`` of its :class:`Method`.
-        label: display name in tables and figures.
-        calibration: ``compress`` reads calibration windows (the DAG feeds it the
-            calibration text; ``flexigpt compress`` requires ``--calibration``).
-        families: model families (``ArchAdapter.family``) it handles; any other is refused
-            (:meth:`Method.check_family`) with an error naming both.
-        embedding_surgery: its compression removes embedding parameters (SliceGPT slices
-            them), so its ratio is defined on the total basis only
-            (:mod:`flexigpt.methods.compression_basis`).
-        family_refusals: ``(family, reason)`` pairs: why it refuses a family the adapters
-            know (added to the refusal; docs/families.md).
-        block_influence: it ranks blocks by Block Influence (the DAG computes the scores
-            once per model and passes them to every such method).
-        speculative: its models have a self-speculative draft (the model without its
-            weight-shared blocks; :mod:`flexigpt.runtime.generation.draft`).
-        timed: Tables 6/7 time it against the dense model (at its lowest ratio).
-        block_count: its ``ratio`` becomes a number of removed blocks by the ``policy`` option
-            (:mod:`flexigpt.methods.block_count`): ``"remove"`` deletes whole blocks (ShortGPT),
-            ``"replace"`` replaces them by weight-shared copies with adapters (FlexiGPT);
-            None for any other method. The DAG-build check and ``flexigpt.api.compression.compress``
-            refuse a ratio no block count reaches (:func:`flexigpt.methods.block_count.method_plan`).
-        start_stage: a recovered run of it is also evaluated right after compression (stage
-            ``start``: its compressed model is no other row's, e.g. FlexiGPT's replacement
-            blocks; Table 4's Start PPL).
-        manifest_figures: its compressed manifests feed the Block Influence and base-distance
-            figures.
-        variant_labels: ``(variant, display name)`` of its named DAG variants (e.g.
-            ``("rft", "SliceGPT + RFT")``); other variants read "<label> [<variant>]".
-        structure_defaults: ``(key, value)`` pairs a saved structure gained in a later
-            version, with the value older saved models mean (filled in on reading a
-            manifest: :func:`flexigpt.storage.manifest.migrate_structure`).
-        replacement: what it puts where removed blocks were, for the replacement-strategies
-            table (e.g. ``"nothing (skip)"``, ``"linear map"``); None: not a block-removal
-            method (it has no row there).
-        paper_variants: its DAG variants that are baselines of the paper's Table 1 (claim
-            (c), "FlexiGPT* best vs the recovered baselines", compares against these only;
-            later baselines such as ReplaceMe are compared in their own tables).
-        recipes: recovery recipes it brings to the shared trainer beside the trainer's own
-            (:class:`~flexigpt.storage.recipe_facts.RecipeFacts`, implemented in its folder).
-        section: the config section that runs it in the DAG: ``methods`` (a key of the
-            config's ``methods:``; the schema's list of them is this registry's) or
-            ``extension`` (the FlexiGPT extension, configured under ``extension:``).
-        tiny_options: ``(option, value)`` pairs under which it changes a tiny random model
-            of 6-8 blocks (hidden 64-128): the options every contract test compresses it
-            with (:func:`tiny_options`; a :class:`Depth` value is relative to the model).
-    """
-
-    target: str
-    label: str
-    calibration: bool = True
-    families: tuple[str, ...] = ("llama", "opt")
-    family_refusals: tuple[tuple[str, str], ...] = ()
-    embedding_surgery: bool = False
-    block_influence: bool = False
-    speculative: bool = False
-    timed: bool = False
-    block_count: str | None = None
-    start_stage: bool = False
-    manifest_figures: bool = False
-    variant_labels: tuple[tuple[str, str], ...] = ()
-    structure_defaults: tuple[tuple[str, Any], ...] = ()
-    replacement: str | None = None
-    paper_variants: tuple[str, ...] = ()
-    recipes: tuple[RecipeFacts, ...] = ()
-    section: str = "methods"
-    tiny_options: tuple[tuple[str, Any], ...] = ()
+#: the method folders' declaration modules (``<package>.*.<module>``: every subpackage's
+#: ``facts``); :mod:`flexigpt.core.code_deps` expands the same patterns, so a rule's code
+#: version covers every declaration and what it names
+FACTS_MODULES = ("flexigpt.methods.*.facts", "baselines.*.facts")
 
 
-@dataclass(frozen=True)
-class Depth:
-    """An option value of ``MethodFacts.tiny_options``: the tiny model's block count +
-    ``extra`` (e.g. the extension's target depth)."""
+def discover_methods(patterns: tuple[str, ...] = FACTS_MODULES) -> dict[str, MethodFacts]:
+    """``{key: facts}`` of every method declared in a ``facts`` module matching
+    ``patterns`` (``METHODS`` of each), sorted by ``MethodFacts.order`` (ValueError for a
+    key declared twice)."""
+    found: dict[str, MethodFacts] = {}
+    for pattern in patterns:
+        package, _, module = pattern.partition(".*.")
+        root = importlib.import_module(package)
+        for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda m: m.name):
+            name = f"{package}.{info.name}.{module}"
+            if not info.ispkg or importlib.util.find_spec(name) is None:
+                continue
+            for key, facts in importlib.import_module(name).METHODS.items():
+                if key in found:
+                    raise ValueError(f"method {key!r} is declared twice ({name})")
+                found[key] = facts
+    return dict(sorted(found.items(), key=lambda item: item[1].order))
 
-    extra: int
+
+#: name → facts, in table order (rows of every table follow this order): the declarations
+#: of the method folders (:func:`discover_methods`)
+METHODS: dict[str, MethodFacts] = discover_methods()
 
 
 def tiny_options(name: str, n_blocks: int) -> dict[str, Any]:
     """The options of method ``name`` for a tiny model of ``n_blocks`` decoder blocks
-    (``MethodFacts.tiny_options`` with :class:`Depth` values resolved)."""
+    (``MethodFacts.tiny_options`` with :class:`~flexigpt.storage.method_facts.Depth` values
+    resolved)."""
     return {key: n_blocks + value.extra if isinstance(value, Depth) else value
             for key, value in METHODS[name].tiny_options}
-
-
-#: the ratio every tiny contract test compresses at (a block or more of a 6-block model)
-_TINY = (("ratio", 0.3),)
-
-#: FlexiGPT's recipe: the replacement/repeat blocks' adapters, γ at its own learning rate
-FLEXIGPT_RECIPE = RecipeFacts("flexigpt", 4e-3, "flexigpt.methods.flexigpt.recipe:RECIPE",
-                              grid_keys=("lr", "gamma_lr"), own_lrs=("gamma_lr",), lora=True,
-                              other_blocks=True)
-
-#: every family the adapters know (``flexigpt.storage.models.adapters.ADAPTERS``; a test keeps them equal)
-ALL_FAMILIES = ("llama", "opt", "gemma3")
-#: why methods refuse Gemma 3 (docs/families.md)
-SANDWICH_NORMS_BREAK_INVARIANCE = (
-    "its post-norms on every sub-layer's output break the computational invariance SliceGPT's "
-    "rotation needs (the official code does not support it either)")
-MAP_PAST_POST_NORM = (
-    "the linear map cannot be folded into down_proj past the MLP's post-norm, and the harness "
-    "has no non-stock ReplaceMe checkpoint to hold it")
-
-#: name → facts, in table order (rows of every table follow this order).
-METHODS: dict[str, MethodFacts] = {
-    "dense": MethodFacts("flexigpt.methods.dense:METHOD", "Dense", calibration=False,
-                         timed=True, families=ALL_FAMILIES),
-    "slicegpt": MethodFacts("baselines.slicegpt.method:METHOD", "SliceGPT",
-                            tiny_options=(*_TINY, ("round_to", 2), ("tolerance", 0.05)),
-                            variant_labels=(("rft", "SliceGPT + RFT"),),
-                            paper_variants=("default", "rft"),
-                            structure_defaults=(("head_bias", False),),
-                            family_refusals=(("gemma3", SANDWICH_NORMS_BREAK_INVARIANCE),),
-                            embedding_surgery=True),
-    "llm_pruner": MethodFacts("baselines.llm_pruner.method:METHOD", "LLM-Pruner",
-                              tiny_options=_TINY,
-                              variant_labels=(("lora", "LLM-Pruner + LoRA"),),
-                              paper_variants=("default", "lora"), families=ALL_FAMILIES),
-    "shortgpt": MethodFacts("baselines.shortgpt.method:METHOD", "ShortGPT", tiny_options=_TINY,
-                            block_influence=True, timed=True, block_count="remove",
-                            variant_labels=(("last3", "ShortGPT + FT last 3 blocks & head"),),
-                            replacement="nothing (skip)", paper_variants=("default",),
-                            families=ALL_FAMILIES),
-    "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",
-                                 tiny_options=_TINY,
-                                 block_influence=True, block_count="remove",
-                                 replacement="nothing (skip)", paper_variants=("default",),
-                                 families=ALL_FAMILIES),
-    "replaceme": MethodFacts("baselines.replaceme.method:METHOD", "ReplaceMe", tiny_options=_TINY,
-                             block_count="remove", timed=True,
-                             variant_labels=(("lora", "ReplaceMe + LoRA"),),
-                             replacement="linear map (folded)",
-                             family_refusals=(("gemma3", MAP_PAST_POST_NORM),)),
-    "streamline": MethodFacts("baselines.streamline.method:METHOD", "LLM-Streamline",
-                              tiny_options=(*_TINY, ("epochs", 1)),
-                              timed=True, variant_labels=(("lora", "LLM-Streamline + LoRA"),),
-                              replacement="one trained module", families=ALL_FAMILIES),
-    "flexigpt": MethodFacts("flexigpt.methods.flexigpt.prune:METHOD", "FlexiGPT",
-                            tiny_options=(*_TINY, ("rank", 4)),
-                            block_influence=True, speculative=True, timed=True,
-                            block_count="replace", start_stage=True, manifest_figures=True,
-                            variant_labels=(("lora_all", "FlexiGPT + LoRA on unpruned blocks"),),
-                            replacement="weight-shared block + LoRA", families=ALL_FAMILIES,
-                            recipes=(FLEXIGPT_RECIPE,)),
-    "flexigpt_extend": MethodFacts("flexigpt.methods.flexigpt.extend:METHOD", "FlexiGPT extension",
-                                   tiny_options=(("layers", Depth(2)), ("rank", 4),
-                                                 ("gamma_init", 0.5)),
-                                   calibration=False, speculative=True, timed=True,
-                                   families=ALL_FAMILIES, section="extension"),
-}
 
 
 @dataclass(frozen=True)
