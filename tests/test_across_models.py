@@ -150,7 +150,7 @@ def test_bad_facts_name_the_model_and_key(facts, message):
 
 
 def test_archive_index_with_bad_facts_is_refused(tmp_path):
-    from flexigpt.tables.archive import INDEX, read_index
+    from flexigpt.tables.from_archive import INDEX, read_index
 
     (tmp_path / INDEX).write_text(json.dumps({
         "schema": 1, "inputs": {k: [] for k in ("results", "timings", "train_logs",
@@ -173,8 +173,8 @@ def test_committed_cross_model_tables_rebuild_from_the_committed_runs(tmp_path):
 def test_model_facts_count_the_embedding_of_a_local_checkpoint(tmp_path, tiny_checkpoint):
     """A tied 300 × 64 embedding: 19,200 embedding parameters; the archive of another model
     refuses them; a hub id (no local checkpoint) has no facts."""
-    from flexigpt.tables.archive import INDEX, read_index
-    from flexigpt.workflow.dag.archive import add_model_facts, model_facts
+    from flexigpt.tables.from_archive import INDEX, read_index
+    from flexigpt.workflow.dag.table_inputs import add_model_facts, model_facts
 
     config = {"model": {"key": "tiny", "path": str(tiny_checkpoint)},
               "compression_basis": "non_embedding"}

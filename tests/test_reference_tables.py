@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flexigpt.tables.archive import INDEX, read_index, rebuild
+from flexigpt.tables.from_archive import INDEX, read_index, rebuild
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "results" / "reference"

@@ -7,7 +7,6 @@ import pandas as pd
 
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.comparisons import Comparator
-from flexigpt.tables.intervals import RecordStore
 from flexigpt.tables.replacement import (
     SKIP,
     added_parameters,
@@ -16,6 +15,7 @@ from flexigpt.tables.replacement import (
     skip_partner,
     strategy,
 )
+from flexigpt.tables.row_intervals import RecordStore
 
 DENSE, BLOCK = 1_000_000, 50_000
 

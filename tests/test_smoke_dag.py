@@ -18,9 +18,9 @@ import pytest
 import yaml
 from conftest import link_resources
 
-from flexigpt.tables.archive import rebuild
+from flexigpt.tables.from_archive import rebuild
 from flexigpt.workflow.dag import RunGrid
-from flexigpt.workflow.dag.archive import archive_run
+from flexigpt.workflow.dag.table_inputs import archive_run
 
 ROOT = Path(__file__).resolve().parent.parent
 

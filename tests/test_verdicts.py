@@ -28,9 +28,9 @@ from flexigpt.tables.decision import (
     decide_count,
     decide_family,
 )
-from flexigpt.tables.intervals import RecordStore
 from flexigpt.tables.published import load_published
 from flexigpt.tables.report import gather_inputs
+from flexigpt.tables.row_intervals import RecordStore
 
 BASE = Path(__file__).parent / "fixtures" / "results" / "eval" / "smollm2-135m" / \
     "shortgpt-default-r0.3-final-s0.json"

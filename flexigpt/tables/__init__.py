@@ -7,7 +7,7 @@ the CLI). Modules, bottom first (each imports only from those before it; no cycl
   timing JSONs, training logs, manifests), ``selections`` (LR-sweep ``selection.json``),
   ``published`` (the paper's numbers);
 * shared pieces: ``labels`` (display names, slugs), ``rows`` (row subsets of the
-  seed-aggregated frame), ``render`` (Markdown/CSV/LaTeX/HTML), ``intervals`` (95 %
+  seed-aggregated frame), ``render`` (Markdown/CSV/LaTeX/HTML), ``row_intervals`` (95 %
   bootstrap intervals from the per-document records), ``columns`` and ``paper_blocks``
   (the result tables' columns, notes and paper rows);
 * tables and figures: ``sweep`` (LR sweeps), ``plots`` (figures), ``curves`` (per-ratio
@@ -17,7 +17,7 @@ the CLI). Modules, bottom first (each imports only from those before it; no cycl
   ``trend`` (the gap against the recovery budget), ``decision`` / ``claim_rows`` /
   ``timing_claims`` / ``verdicts`` (the paper's claims decided by those intervals,
   ``verdicts.md``), ``ladder`` / ``ladder_figure`` / ``budget`` (budget ladders);
-* ``report``: ``build_all``.
+* ``report``: ``build_all``; ``from_archive``: the same tables from an archived run (``flexigpt tables --archive``).
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ import pandas as pd
 
 from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import STAGES
-from flexigpt.tables.intervals import with_errors
 from flexigpt.tables.labels import ABLATIONS, display_name, slug
 from flexigpt.tables.paper_blocks import PAPER_NOTES, paper_title, reference_model
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
+from flexigpt.tables.row_intervals import with_errors
 
 log = logging.getLogger(__name__)
 

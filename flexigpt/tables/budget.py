@@ -39,7 +39,6 @@ from flexigpt.tables.budget_strategies import (
 )
 from flexigpt.tables.build import aggregate
 from flexigpt.tables.collect import collect_results
-from flexigpt.tables.intervals import RecordStore
 from flexigpt.tables.labels import METHOD_LABELS
 from flexigpt.tables.ladder import (
     METRICS,
@@ -54,6 +53,7 @@ from flexigpt.tables.ladder import (
 )
 from flexigpt.tables.ladder_figure import ladder_figure
 from flexigpt.tables.render import Block, Table, sci, write_table
+from flexigpt.tables.row_intervals import RecordStore
 from flexigpt.tables.rows import optional_float, table_of
 
 log = logging.getLogger(__name__)

@@ -29,10 +29,10 @@ import pandas as pd
 from flexigpt.core import stats
 from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import TASKS
-from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.labels import method_label, slug
 from flexigpt.tables.ladder import METRICS, MetricTrend, Point, metric_trend
 from flexigpt.tables.render import Block, Table, si
+from flexigpt.tables.row_intervals import RecordStore, setting_key
 from flexigpt.tables.rows import optional_float, table_of
 from flexigpt.tables.trend import trend_decided
 

@@ -30,7 +30,6 @@ from flexigpt.tables.columns import (
 )
 from flexigpt.tables.curves import LOSS, PPL, REACH_NOTE, REACH_NOTE_PPL
 from flexigpt.tables.facts import ACHIEVED
-from flexigpt.tables.intervals import CI_COLUMNS, with_errors
 from flexigpt.tables.labels import (
     EXTENSION_LABELS,
     display_name,
@@ -48,6 +47,7 @@ from flexigpt.tables.paper_blocks import (
     reference_model,
 )
 from flexigpt.tables.render import Block, Table
+from flexigpt.tables.row_intervals import CI_COLUMNS, with_errors
 from flexigpt.tables.rows import (
     block_step,
     column_or_nan,

@@ -2,7 +2,7 @@
 paper's, the row dict of one claim (with its seeds and † mark), the Holm family of one
 claim over the six benchmarks, and the recovery-budget fields of a row.
 
-Keys are those of :func:`~flexigpt.tables.intervals.setting_key` (model, method, variant,
+Keys are those of :func:`~flexigpt.tables.row_intervals.setting_key` (model, method, variant,
 ratio, stage); metrics are ``log_ppl`` (nats), the five tasks and ``avg`` (points).
 """
 
@@ -26,10 +26,10 @@ from flexigpt.tables.decision import (
     decide_count,
     decide_family,
 )
-from flexigpt.tables.intervals import setting_key
 from flexigpt.tables.labels import TASK_HEADERS
 from flexigpt.tables.published import match_published, paper_model
 from flexigpt.tables.render import si
+from flexigpt.tables.row_intervals import setting_key
 from flexigpt.tables.rows import main_rows
 from flexigpt.tables.trend import BudgetPair, budget_pairs
 

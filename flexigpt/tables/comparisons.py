@@ -2,7 +2,7 @@
 :func:`stats.paired_replicates` (the engine of :func:`stats.compare_runs`: same numbers).
 
 A :class:`Comparator` gives the paired A − B difference of one metric between two
-settings (keys of :func:`~flexigpt.tables.intervals.setting_key`): accuracy per task and
+settings (keys of :func:`~flexigpt.tables.row_intervals.setting_key`): accuracy per task and
 the task average in points (%), log-PPL in nats. Each cell is a :class:`Diff` (its 95 %
 interval and its bootstrap replicates, for multiplicity-controlled verdicts) whose
 ``status`` says why there is no interval: ``not run`` (a setting is not in the results),
@@ -28,9 +28,9 @@ import pandas as pd
 from flexigpt.core import stats
 from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import TASKS
-from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.labels import METHOD_LABELS, TASK_HEADERS, lm_variant, row_label
 from flexigpt.tables.render import Block, Table
+from flexigpt.tables.row_intervals import RecordStore, setting_key
 from flexigpt.tables.rows import main_rows, table_rows
 
 log = logging.getLogger(__name__)

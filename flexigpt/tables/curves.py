@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from flexigpt.storage.registry import ROLES
-from flexigpt.tables.intervals import setting_key
 from flexigpt.tables.labels import method_label, slug
 from flexigpt.tables.render import si
+from flexigpt.tables.row_intervals import setting_key
 from flexigpt.tables.rows import is_reference, main_rows
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
     {"embedding_params": int,      # token embedding + untied LM head + position table
      "compression_basis": str}     # what the run's ratios are fractions of (total | non_embedding)
 
-They are computed from the model's config by :func:`flexigpt.workflow.dag.archive.model_facts` (a
+They are computed from the model's config by :func:`flexigpt.workflow.dag.table_inputs.model_facts` (a
 meta-device skeleton, no weights), passed to :func:`flexigpt.tables.build_all` by the DAG's
 ``tables`` rule and kept in a run archive's index, so a rebuilt table shows them too.
 With them Table 1 shows both achieved ratios (:func:`non_embedding_ratio`): of all

@@ -20,9 +20,9 @@ import pandas as pd
 from flexigpt.core import stats
 from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import TASKS
-from flexigpt.tables.intervals import RecordStore, setting_key
 from flexigpt.tables.labels import slug
 from flexigpt.tables.render import si
+from flexigpt.tables.row_intervals import RecordStore, setting_key
 from flexigpt.tables.rows import table_of
 from flexigpt.tables.trend import PAPER_TOKENS_PER_PARAM, budget_pairs
 from flexigpt.tables.trend_fit import TrendFit, fit_trend

@@ -19,9 +19,9 @@ import pandas as pd
 from flexigpt.storage.registry import METHODS, ROLES
 from flexigpt.tables.columns import marks_note, ordered_labels, result_notes
 from flexigpt.tables.comparisons import Comparator, Diff
-from flexigpt.tables.intervals import setting_key, with_errors
 from flexigpt.tables.labels import display_name, slug
 from flexigpt.tables.render import Block, Table
+from flexigpt.tables.row_intervals import setting_key, with_errors
 from flexigpt.tables.rows import column_or_nan, main_rows, order_rows
 
 log = logging.getLogger(__name__)

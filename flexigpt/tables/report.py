@@ -28,11 +28,11 @@ from flexigpt.tables.comparisons import Comparator, comparison_table
 from flexigpt.tables.curves import add_reach, recovery_by_ratio
 from flexigpt.tables.decode import collect_decodes
 from flexigpt.tables.facts import check_facts, with_facts
-from flexigpt.tables.intervals import RecordStore, add_intervals
 from flexigpt.tables.labels import slug
 from flexigpt.tables.published import load_published
 from flexigpt.tables.render import Table, html_page, to_markdown, write_table
 from flexigpt.tables.replacement import replacement_table
+from flexigpt.tables.row_intervals import RecordStore, add_intervals
 from flexigpt.tables.selections import collect_selections
 from flexigpt.tables.verdicts import verdict_table
 
@@ -83,7 +83,7 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     intervals from the per-document records; :mod:`flexigpt.tables.verdicts`), a
     ``report.md`` holding every Markdown table (verdicts first, budget ladders last:
     :mod:`flexigpt.tables.budget`) and the figures. Cells of
-    rows with records carry 95 % interval half-widths (:mod:`flexigpt.tables.intervals`).
+    rows with records carry 95 % interval half-widths (:mod:`flexigpt.tables.row_intervals`).
 
     Args:
         results_dir: tree to discover inputs in (None: only the explicit lists).

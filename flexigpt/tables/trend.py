@@ -50,8 +50,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from flexigpt.storage.registry import ROLES
-from flexigpt.tables.intervals import setting_key
 from flexigpt.tables.render import si
+from flexigpt.tables.row_intervals import setting_key
 from flexigpt.tables.rows import optional_float, table_of
 from flexigpt.tables.trend_fit import TrendFit, fit_trend
 

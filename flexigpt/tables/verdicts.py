@@ -57,10 +57,10 @@ from flexigpt.tables.claim_rows import (
 )
 from flexigpt.tables.comparisons import Comparator, Diff, key_of
 from flexigpt.tables.decision import MISSING_RUN, NOT_A_CLAIM, Rules, decide, rules_block
-from flexigpt.tables.intervals import setting_key
 from flexigpt.tables.labels import ABLATIONS, method_label
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
+from flexigpt.tables.row_intervals import setting_key
 from flexigpt.tables.rows import is_reference, main_rows, table_of
 from flexigpt.tables.timing_claims import claim_g, claim_h
 from flexigpt.tables.trend import BudgetPair

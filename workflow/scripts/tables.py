@@ -18,7 +18,7 @@ section), :func:`~flexigpt.tables.build_all` also writes the budget tables and f
 from typing import Any
 
 from flexigpt.tables import build_all
-from flexigpt.workflow.dag.archive import model_facts
+from flexigpt.workflow.dag.table_inputs import model_facts
 from flexigpt.workflow.support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive

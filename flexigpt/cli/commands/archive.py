@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from flexigpt.cli.commands.run import merged_config
     from flexigpt.workflow.config_check import check_config_files
     from flexigpt.workflow.config_schema import check_schema
-    from flexigpt.workflow.dag.archive import add_model_facts, archive_run
+    from flexigpt.workflow.dag.table_inputs import add_model_facts, archive_run
 
     check_config_files(args.configfile)
     config = merged_config(args.configfile)

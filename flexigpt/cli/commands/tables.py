@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flexigpt.tables import build_all
-    from flexigpt.tables.archive import rebuild
+    from flexigpt.tables.from_archive import rebuild
 
     formats = tuple(f for f in args.formats.split(",") if f)
     if args.across:

@@ -2,7 +2,7 @@
 
 An *archive* is a directory holding a finished run's table inputs under their run paths
 (``results/<model>/…``) and an index, ``inputs.json`` (:data:`INDEX`), written by
-:func:`flexigpt.workflow.dag.archive.archive_run`::
+:func:`flexigpt.workflow.dag.table_inputs.archive_run`::
 
     {"schema": 1, "results_dir": "results",
      "inputs": {"results": [...], "timings": [...], "train_logs": [...],

@@ -5,7 +5,7 @@
 :func:`archive_run` copies those files, the per-document records every evaluation names
 (``eval_*.samples.jsonl.gz``, ``eval_*.windows.json``) and the trained manifest beside every
 training log, under their run paths, and writes the index
-(:data:`flexigpt.tables.archive.INDEX`). :func:`flexigpt.tables.archive.rebuild` turns the
+(:data:`flexigpt.tables.from_archive.INDEX`). :func:`flexigpt.tables.from_archive.rebuild` turns the
 archive back into the run's tables::
 
     flexigpt tables --archive results/reference/<run>/inputs --out /tmp/tables
@@ -21,13 +21,13 @@ from typing import Any
 
 from flexigpt.core.fileio import atomic_write_text
 from flexigpt.methods.compression_basis import embedding_parameters
-from flexigpt.tables.archive import INDEX, KINDS, read_index
+from flexigpt.tables.from_archive import INDEX, KINDS, read_index
 from flexigpt.workflow.dag.grid import RunGrid
 from flexigpt.workflow.model_skeletons import checkpoint_skeleton
 
 
 def table_inputs(grid: RunGrid) -> dict[str, list[str]]:
-    """The ``tables`` rule's inputs of ``grid`` by kind (:data:`~flexigpt.tables.archive.KINDS`),
+    """The ``tables`` rule's inputs of ``grid`` by kind (:data:`~flexigpt.tables.from_archive.KINDS`),
     as paths relative to the working directory."""
     figures = grid.figure_inputs()
     return {"results": grid.eval_targets(), "timings": grid.inference_targets(),
