@@ -226,8 +226,7 @@ def test_grid_partial_and_errors():
 
 def test_dag_times_summarises_benchmark_files(tmp_path):
     """benchmarks/dag_times.py groups Snakemake benchmark files by rule."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from dag_times import rule_times, summary
+    from benchmarks.dag_times import rule_times, summary
 
     header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
     for job, rule, seconds in (("a/r0.3", "train", 30.0), ("b/r0.4", "train", 10.0),
@@ -281,8 +280,14 @@ def test_bench_scaling_counts_fits_and_extrapolates():
     import argparse
     import math
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_scaling import PAPER, dense_params, extrapolate, fit_linear, fit_power, markdown
+    from benchmarks.bench_scaling import (
+        PAPER,
+        dense_params,
+        extrapolate,
+        fit_linear,
+        fit_power,
+        markdown,
+    )
 
     assert dense_params("llama-2-7b") == 6_738_415_616  # the published count
     assert dense_params("tinyllama-1.1b") == 1_100_048_384
@@ -321,8 +326,7 @@ def test_bench_scaling_from_json_rebuilds_every_committed_reference(tmp_path):
     included (no extrapolation from one size, as when it was measured)."""
     import shutil
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_scaling import main
+    from benchmarks.bench_scaling import main
 
     committed = sorted((ROOT / "results/reference/scaling").glob("bench_scaling*.json"))
     assert len(committed) >= 2
