@@ -27,7 +27,8 @@ def test_closure_follows_imports_registry_strings_and_parents():
     compress = _rel(closure(SCRIPTS / "compress.py"))
     # methods are loaded by name ("baselines.slicegpt.method:METHOD" in the registry)
     assert {"baselines/slicegpt/method.py", "baselines/llm_pruner/method.py",
-            "flexigpt/methods/flexigpt/prune.py", "flexigpt/export/modeling_flexigpt_compressed.py"} \
+            "flexigpt/methods/flexigpt/prune.py", "flexigpt/storage/standalone.py",
+            "baselines/slicegpt/replay.py", "flexigpt/methods/flexigpt/replay.py"} \
         <= compress
     for rule in ("compress", "train", "evaluate", "block_influence"):
         assert "flexigpt/tables/plots.py" not in _rel(closure(SCRIPTS / f"{rule}.py")), rule

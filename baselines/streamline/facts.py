@@ -7,5 +7,5 @@ METHODS = {
                               tiny_options=(*TINY_RATIO, ("epochs", 1)),
                               timed=True, variant_labels=(("lora", "LLM-Streamline + LoRA"),),
                               replacement="one trained module", families=ALL_FAMILIES,
-                              order=50),
+                              order=50, replay="baselines.streamline.replay"),
 }

@@ -5,7 +5,8 @@
     flexigpt.export.checkpoint   config.json + standalone modeling file (when publishing)
     flexigpt.export.plain        ``export_plain(dir, out)``: a stock ``*ForCausalLM`` where exact
     flexigpt.export.card         ``write_model_card(dir, result_json=None)``: README.md
-    flexigpt/export/modeling_flexigpt_compressed.py   the file copied into saved dirs
+    flexigpt.export.standalone   the remote-code file written into saved dirs, assembled from
+                                 flexigpt/storage/standalone.py and each method's replay.py
 """
 
 from __future__ import annotations

@@ -29,13 +29,13 @@ import copy
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from flexigpt.export.standalone import write_standalone
 from flexigpt.storage.models.checkpoint_format import (
     ADDED_KEYS,
     FORMAT,
@@ -60,13 +60,15 @@ log = logging.getLogger(__name__)
 
 
 def _standalone() -> ModuleType:
-    """The standalone modeling file, imported on first use (it loads the transformers model
-    classes of every family it replays, too heavy for ``import flexigpt``), checked to agree
-    with :mod:`flexigpt.storage.models.checkpoint_format` on ``MODEL_TYPE`` / ``KEY`` / ``FORMAT``."""
-    from flexigpt.export import modeling_flexigpt_compressed as standalone
+    """The assembled standalone modeling file as a module (:mod:`flexigpt.export.standalone`:
+    the base and every method's replay fragment; it loads the transformers model classes of
+    every family it replays, too heavy for ``import flexigpt``), checked to agree with
+    :mod:`flexigpt.storage.models.checkpoint_format` on ``MODEL_TYPE`` / ``KEY`` / ``FORMAT``."""
+    from flexigpt.export.standalone import standalone_module
 
+    standalone = standalone_module()
     if (standalone.MODEL_TYPE, standalone.KEY, standalone.FORMAT) != (MODEL_TYPE, KEY, FORMAT):
-        raise ImportError("flexigpt/export/modeling_flexigpt_compressed.py and "
+        raise ImportError("flexigpt/storage/standalone.py and "
                           "flexigpt/storage/models/checkpoint_format.py disagree on MODEL_TYPE / KEY "
                           "/ FORMAT")
     return standalone
@@ -177,8 +179,7 @@ def make_self_contained(model_dir: str | os.PathLike, model: nn.Module,
         out["auto_map"] = {"AutoConfig": f"{MODELING_FILE[:-3]}.{config_cls}",
                            "AutoModelForCausalLM": f"{MODELING_FILE[:-3]}.{model_cls}"}
         spec["remote_code"] = True
-        assert standalone.__file__ is not None  # imported from its .py file
-        shutil.copyfile(Path(standalone.__file__), model_dir / MODELING_FILE)
+        write_standalone(model_dir)
     else:
         spec.update(remote_code=False, remote_code_reason=remote)
         out["architectures"] = ["FlexiGPTCompressedForCausalLM"]

@@ -71,6 +71,11 @@ class MethodFacts:
         tiny_options: ``(option, value)`` pairs under which it changes a tiny random model
             of 6-8 blocks (hidden 64-128): the options every contract test compresses it
             with (``registry.tiny_options``; a :class:`Depth` value is relative to the model).
+        replay: the module (in its folder) of its fragment of the standalone remote-code
+            loader, for a method whose checkpoints are not stock architectures
+            (:mod:`flexigpt.export.standalone` assembles the fragments into the one file a
+            published checkpoint carries); None: its checkpoints are stock, or have no
+            standalone form.
         order: its place in every table (rows follow ascending ``order``; the registry is
             sorted by it).
     """
@@ -94,6 +99,7 @@ class MethodFacts:
     recipes: tuple[RecipeFacts, ...] = ()
     section: str = "methods"
     tiny_options: tuple[tuple[str, Any], ...] = ()
+    replay: str | None = None
     order: int = 1000
 
 

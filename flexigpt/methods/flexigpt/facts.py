@@ -16,10 +16,10 @@ METHODS = {
                             block_count="replace", start_stage=True, manifest_figures=True,
                             variant_labels=(("lora_all", "FlexiGPT + LoRA on unpruned blocks"),),
                             replacement="weight-shared block + LoRA", families=ALL_FAMILIES,
-                            recipes=(FLEXIGPT_RECIPE,), order=70),
+                            recipes=(FLEXIGPT_RECIPE,), order=70, replay="flexigpt.methods.flexigpt.replay"),
     "flexigpt_extend": MethodFacts("flexigpt.methods.flexigpt.extend:METHOD", "FlexiGPT extension",
                                    tiny_options=(("layers", Depth(2)), ("rank", 4),
                                                  ("gamma_init", 0.5)),
                                    calibration=False, speculative=True, timed=True,
-                                   families=ALL_FAMILIES, section="extension", order=80),
+                                   families=ALL_FAMILIES, section="extension", order=80, replay="flexigpt.methods.flexigpt.replay"),
 }

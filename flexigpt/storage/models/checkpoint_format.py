@@ -8,8 +8,8 @@ has ``model_type`` :data:`MODEL_TYPE` and a :data:`KEY` entry
 at :data:`MODELING_FILE`. A plain model's ``config.json`` is the family's own.
 
 The constants equal those of the standalone file
-(``flexigpt/export/modeling_flexigpt_compressed.py``, which imports nothing from the
-harness); :mod:`flexigpt.export.checkpoint` checks that they agree.
+(``flexigpt/storage/standalone.py``, the base of the assembled remote-code file, which
+imports nothing from the harness); :mod:`flexigpt.export.checkpoint` checks that they agree.
 
 Pure file I/O: imports nothing from the harness.
 """
