@@ -1,4 +1,4 @@
-"""Check the ReplaceMe and LLM-Streamline span rules against the official code, on tiny models.
+"""Check the ReplaceMe, LLM-Streamline and LinearPatch span rules against the official code.
 
 The official repositories cannot run end to end here (ReplaceMe's ``lstsq.py`` allocates its
 normal equations with ``device='cuda'``; both pipelines read calibration text from the
@@ -10,12 +10,20 @@ functions (``ReplaceMe/utils.py``: ``get_last_non_padded_tokens``, ``compute_blo
 script imports them from checkouts given on the command line (nothing of theirs is copied
 into this repository), runs them and this harness's ``span.py`` on the same random tiny
 models and windows, and prints per family whether the chosen spans agree and how far the
-per-span scores differ.
+per-span scores differ. LinearPatch (``layer_select.py``: ``get_pruned_layer_with_cosine``,
+``get_scale_params``, run on the model in float16 as the official code computes its
+rotation in half precision, on 128 single-window batches: it divides by 128 whatever it is
+given): the span, the per-start similarities, and the channel scales computed by this
+harness with the official Hadamard matrix substituted for its own (both are Hadamard
+rotations but not the same matrix, so the patches differ in basis; the substitution checks
+the arithmetic).
 
 Example::
 
     python -m benchmarks.check_official --replaceme ../ReplaceMe --streamline ../LLM-Streamline \\
         --families llama qwen2 mistral opt model --json results/reference/check_official.json
+    python -m benchmarks.check_official --linearpatch ../LinearPatch --families llama qwen2 \\
+        --windows 128 --json results/reference/check_official_linearpatch.json
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
+import baselines.linearpatch.span as linearpatch  # noqa: E402
 from baselines.replaceme.span import angular_distances, last_token_outputs  # noqa: E402
 from baselines.replaceme.span import choose_span as replaceme_span  # noqa: E402
 from baselines.streamline.span import choose_span as streamline_span  # noqa: E402
@@ -94,6 +103,46 @@ def official_replaceme_span(checkout: Path, model: Any, windows: torch.Tensor, s
     return (int(block[0]), int(block[1])), distances
 
 
+def official_linearpatch(checkout: Path, model: Any, windows: torch.Tensor, span: int,
+                         ) -> tuple[int, list[float], torch.Tensor, torch.Tensor]:
+    """The official span start, its per-start similarities (index 1 …), its channel scales
+    on the chosen span, and its Hadamard matrix of the model's width."""
+    sys.path.insert(0, str(checkout))
+    import layer_select as official
+    from rotate_utils.hadamard_utils import get_hadamard_matrix
+
+    loader = [(w[None],) for w in windows]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        _, start, _, _ = official.get_pruned_layer_with_cosine(model, loader, span, "cpu")
+        sims = [float(official_sim) for official_sim in _official_sims(official, model, loader,
+                                                                        span)]
+        scales = official.get_scale_params(model, loader, start, start + span, True, "cpu")
+    h = get_hadamard_matrix(model.config.hidden_size, "cpu")
+    return int(start), sims, scales.double().flatten(), h
+
+
+def _official_sims(official: Any, model: Any, loader: list, span: int) -> list[float]:
+    """The official similarities per start 1 … (its function returns only the maximum): the
+    same hooks and sums, read from its ``cosine_similarity`` calls."""
+    recorded: list[torch.Tensor] = []
+    real = torch.cosine_similarity
+
+    def spy(a: torch.Tensor, b: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        value = real(a, b, *args, **kwargs)
+        recorded.append(value.mean().double())
+        return value
+
+    torch.cosine_similarity = spy  # type: ignore[assignment]
+    try:
+        official.get_pruned_layer_with_cosine(model, loader, span, "cpu")
+    finally:
+        torch.cosine_similarity = real  # type: ignore[assignment]
+    starts = len(recorded) // len(loader)
+    per = torch.stack(recorded).view(len(loader), starts)
+    return (per.sum(0) / len(loader)).tolist()
+
+
 def _model_and_windows(family: str, args: argparse.Namespace) -> tuple[Any, torch.Tensor]:
     """A random tiny model of ``family`` and random token windows, or (``family`` = ``model``)
     the checkpoint ``--model`` and windows of ``--text``."""
@@ -122,6 +171,24 @@ def check(family: str, args: argparse.Namespace) -> dict[str, Any]:
                              "same_span": best == start,
                              "max_abs_similarity_diff": max(abs(a - b) for a, b in
                                                             zip(sims, ours.tolist()))}
+    if args.linearpatch:
+        model = model.half()
+        best, sims, scales, h = official_linearpatch(Path(args.linearpatch), model, windows, span)
+        ours = linearpatch.span_similarities(model, windows, span, args.batch_size)
+        start, end = linearpatch.choose_span(ours, span)
+        own = linearpatch.hadamard
+        linearpatch.hadamard = lambda n: h.double()  # type: ignore[assignment]
+        try:
+            mine = linearpatch.channel_scales(model, windows, best, best + span, True,
+                                              args.batch_size)
+        finally:
+            linearpatch.hadamard = own  # type: ignore[assignment]
+        row["linearpatch"] = {"official_start": best, "ours_start": start,
+                              "same_span": best == start,
+                              "max_abs_similarity_diff": max(abs(a - b) for a, b in
+                                                             zip(sims, ours.values())),
+                              "max_rel_scale_diff": float(((mine - scales).abs()
+                                                           / scales.abs()).max())}
     if args.replaceme:
         block, dist = official_replaceme_span(Path(args.replaceme), model, windows, span,
                                               args.batch_size)
@@ -138,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--replaceme", help="a checkout of github.com/mts-ai/ReplaceMe")
     p.add_argument("--streamline", help="a checkout of github.com/RUCKBReasoning/LLM-Streamline")
+    p.add_argument("--linearpatch", help="a checkout of github.com/chenxinrui-tsinghua/LinearPatch")
     p.add_argument("--families", nargs="+", default=["llama", "qwen2", "mistral", "opt"],
                    help="tiny random models of these families; 'model' = the checkpoint --model")
     p.add_argument("--model", default=str(ROOT / "resources/models/smollm2-135m"))
@@ -152,15 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
-    if not (args.replaceme or args.streamline):
-        p.error("give --replaceme and/or --streamline")
+    if not (args.replaceme or args.streamline or args.linearpatch):
+        p.error("give --replaceme, --streamline and/or --linearpatch")
     torch.set_num_threads(1)
     rows = [check(f, args) for f in args.families]
     text = json.dumps(rows, indent=1)
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
-    same = all(r[m]["same_span"] for r in rows for m in ("replaceme", "streamline") if m in r)
+    same = all(r[m]["same_span"] for r in rows for m in ("replaceme", "streamline", "linearpatch")
+               if m in r)
     return 0 if same else 1
 
 
