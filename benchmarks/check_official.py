@@ -137,7 +137,7 @@ def _official_sims(official: Any, model: Any, loader: list, span: int) -> list[f
     try:
         official.get_pruned_layer_with_cosine(model, loader, span, "cpu")
     finally:
-        torch.cosine_similarity = real  # type: ignore[assignment]
+        torch.cosine_similarity = real
     starts = len(recorded) // len(loader)
     per = torch.stack(recorded).view(len(loader), starts)
     return (per.sum(0) / len(loader)).tolist()
@@ -174,20 +174,20 @@ def check(family: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.linearpatch:
         model = model.half()
         best, sims, scales, h = official_linearpatch(Path(args.linearpatch), model, windows, span)
-        ours = linearpatch.span_similarities(model, windows, span, args.batch_size)
-        start, end = linearpatch.choose_span(ours, span)
+        lp_sims = linearpatch.span_similarities(model, windows, span, args.batch_size)
+        lp_start, _ = linearpatch.choose_span(lp_sims, span)
         own = linearpatch.hadamard
-        linearpatch.hadamard = lambda n: h.double()  # type: ignore[assignment]
+        linearpatch.hadamard = lambda n: h.double()
         try:
-            mine = linearpatch.channel_scales(model, windows, best, best + span, True,
-                                              args.batch_size)
+            lp_scales = linearpatch.channel_scales(model, windows, best, best + span, True,
+                                                   args.batch_size)
         finally:
-            linearpatch.hadamard = own  # type: ignore[assignment]
-        row["linearpatch"] = {"official_start": best, "ours_start": start,
-                              "same_span": best == start,
+            linearpatch.hadamard = own
+        row["linearpatch"] = {"official_start": best, "ours_start": lp_start,
+                              "same_span": best == lp_start,
                               "max_abs_similarity_diff": max(abs(a - b) for a, b in
-                                                             zip(sims, ours.values())),
-                              "max_rel_scale_diff": float(((mine - scales).abs()
+                                                             zip(sims, lp_sims.values())),
+                              "max_rel_scale_diff": float(((lp_scales - scales).abs()
                                                            / scales.abs()).max())}
     if args.replaceme:
         block, dist = official_replaceme_span(Path(args.replaceme), model, windows, span,

@@ -14,7 +14,7 @@ from conftest import make_model
 from baselines.linearpatch.config import LinearPatchConfig
 from baselines.linearpatch.hadamard import hadamard
 from baselines.linearpatch.method import METHOD, span_length
-from baselines.linearpatch.modules import LinearPatchLayer
+from baselines.linearpatch.replay import LinearPatchLayer
 from baselines.linearpatch.span import (
     candidate_starts,
     channel_scales,

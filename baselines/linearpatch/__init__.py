@@ -4,7 +4,7 @@ was, ``P = H·diag(s)·Hᵀ`` (a Hadamard rotation ``H`` and channel scales ``s`
 calibration activations), training-free.
 
 Modules: ``config`` (options), ``hadamard`` (Hadamard matrices of the hidden sizes in use),
-``span`` (the official span criterion and the channel scales), ``modules`` (the patch layer),
-``method`` (``METHOD`` for the registry: compress / rebuild), ``replay`` (its fragment of the
-standalone remote-code loader), ``facts`` (its declaration).
+``span`` (the official span criterion and the channel scales), ``replay`` (the patch layer,
+one definition for the method and its fragment of the standalone remote-code loader),
+``method`` (``METHOD`` for the registry: compress / rebuild), ``facts`` (its declaration).
 """

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from baselines.linearpatch.config import LinearPatchConfig
-from baselines.linearpatch.modules import LinearPatchLayer
+from baselines.linearpatch.replay import LinearPatchLayer
 from baselines.linearpatch.span import (
     channel_scales,
     choose_span,
