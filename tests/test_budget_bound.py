@@ -67,15 +67,15 @@ def test_unmeasured_jobs_are_named_not_counted(tmp_path):
 
 
 def test_budget_reference_tokens():
-    """The committed budget run (sitting 1) trained, per method of the like-for-like pair,
-    32,768 + 12,288 (the losing trial, stopped at the 0.375 rung) + 2 more seeds of 32,768
-    + 3 seeds of 131,072 + 1,048,576 tokens; ReplaceMe + LoRA* and LLM-Streamline + LoRA*
-    their 32K sweep and 131,072 (their 1M point is the next sitting)."""
+    """The committed budget run (sittings 1 and 2) trained, per method of the like-for-like
+    pair, 32,768 + 12,288 (the losing trial, stopped at the 0.375 rung) + 2 more seeds of
+    32,768 + 3 seeds of 131,072 + 1,048,576 tokens; ReplaceMe + LoRA* and LLM-Streamline +
+    LoRA* their 32K sweep, 131,072 and 1,048,576 (sitting 2)."""
     rows = _load().trained_tokens(BUDGET_RECORDS)
     per_method: dict[str, int] = {}
     for row in rows:
         per_method[row["method"]] = per_method.get(row["method"], 0) + row["tokens"]
     pair = 32_768 + 12_288 + 2 * 32_768 + 3 * 131_072 + 1_048_576
-    other = 32_768 + 12_288 + 131_072
+    other = 32_768 + 12_288 + 131_072 + 1_048_576
     assert per_method == {"flexigpt": pair, "shortgpt_lora": pair, "replaceme": other,
                           "streamline": other}
