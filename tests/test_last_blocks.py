@@ -114,7 +114,7 @@ def test_training_moves_only_the_trainable_set(tiny_checkpoint, text_file, tmp_p
 def test_schema_lists_every_recipe_and_grid_key():
     """The config schema's recipe enum and tuning-grid keys are the trainer's and the DAG's
     (they are written out in YAML, so a test keeps them from drifting)."""
-    from flexigpt.runtime.training.config import RECIPES
+    from flexigpt.runtime.training.recipe_table import RECIPES
     from flexigpt.workflow.dag import GRID_KEYS
 
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())

@@ -18,7 +18,8 @@ HELP = "recovery-train a saved model (FlexiGPT adapters, LoRA, or full) and save
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from flexigpt.cli.commands import add_device_argument
-    from flexigpt.runtime.training.config import BF16_MODES, LOSSES, RECIPES, SCHEDULES
+    from flexigpt.runtime.training.config import BF16_MODES, LOSSES, SCHEDULES
+    from flexigpt.runtime.training.recipe_table import RECIPES
 
     p.add_argument("--model", required=True, help="saved model dir (any method) or HF checkpoint")
     p.add_argument("--out", required=True, help="output directory (checkpoints in <out>.ckpt)")

@@ -59,7 +59,7 @@ from flexigpt.methods.calibration import token_windows
 from flexigpt.methods.perplexity import window_nlls
 from flexigpt.runtime.evaluation.tasks import PAPER_TASKS, task_specs
 from flexigpt.runtime.evaluation.zeroshot import BACKENDS, lm_config, make_lm, run_tasks
-from flexigpt.runtime.training.config import uses_own_lr
+from flexigpt.runtime.training.recipe_table import uses_own_lr
 from flexigpt.storage import artifacts
 from flexigpt.storage.manifest import manifest_hash
 

@@ -29,8 +29,9 @@ Contract:
 
 from __future__ import annotations
 
-from flexigpt.runtime.training.config import RECIPES, TrainConfig, TrainPlan, resolve_plan
+from flexigpt.runtime.training.config import TrainConfig, TrainPlan, resolve_plan
 from flexigpt.runtime.training.loop import TrainingDivergedError
+from flexigpt.runtime.training.recipe_table import RECIPES
 from flexigpt.runtime.training.runner import train_loaded, train_model
 
 __all__ = ["RECIPES", "TrainConfig", "TrainPlan", "TrainingDivergedError", "resolve_plan",

@@ -9,12 +9,8 @@ value came from.
 recipe: ``recipe``, ``lr``, ``gamma_lr``, ``lora_rank``, ``lora_alpha``, ``lora_dropout``,
 ``lora_targets``; all optional).
 
-Recipes (:data:`RECIPES`, each a :class:`~flexigpt.storage.recipe_facts.RecipeFacts`,
-applied by :func:`flexigpt.runtime.training.recipes.apply_recipe`): those the methods bring
-(``MethodFacts.recipes``: FlexiGPT's replacement adapters), then the trainer's own
-(:data:`TRAINER_RECIPES`): ``lora`` (mergeable LoRA on every block), ``full`` (every
-parameter), ``none`` (nothing), ``last_blocks`` (the last ``last_blocks`` decoder blocks, the
-final norm and the LM head: the layer-pruning literature's recovery baseline).
+Recipes: :mod:`flexigpt.runtime.training.recipe_table` (their facts), applied by
+:func:`flexigpt.runtime.training.recipes.apply_recipe`.
 """
 
 from __future__ import annotations
@@ -25,53 +21,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flexigpt.core.devices import check_device
-from flexigpt.storage.recipe_facts import RecipeFacts
-from flexigpt.storage.registry import RecoveryRecipe, get_method, method_recipes
+from flexigpt.runtime.training.recipe_table import (
+    DEFAULT_LR,
+    RECIPE_FACTS,
+    RECIPES,
+    recipe_names,
+    recipes_with,
+)
+from flexigpt.storage.registry import RecoveryRecipe, get_method
 
 if TYPE_CHECKING:
     from flexigpt.storage.manifest import Manifest
-
-#: The trainer's own recipes (:mod:`flexigpt.runtime.training.recipes` implements them).
-#: Default learning rates (when neither the config nor the manifest gives one): lora 4e-3,
-#: the paper's adapter-only LR (docs/method-flexigpt.md §2, as FlexiGPT's own recipe); full
-#: 1e-4, a conventional full fine-tuning LR for a pretrained LM (4e-3 would be destructive for
-#: all weights; the extension control uses it); last_blocks 1.6e-3, the tuning-split choice
-#: of the default config's sweep (4e-4, 1.6e-3, 6.4e-3; 32K tokens, SmolLM2 at 0.3: the few
-#: whole blocks and the head it trains take a larger step than a full fine-tuning, and 6.4e-3
-#: diverged).
-_IMPL = "flexigpt.runtime.training.recipes"
-TRAINER_RECIPES = (
-    RecipeFacts("lora", 4e-3, f"{_IMPL}:LORA", lora=True),
-    RecipeFacts("full", 1e-4, f"{_IMPL}:FULL"),
-    RecipeFacts("none", 0.0, f"{_IMPL}:NONE", grid_keys=(), trains=False),
-    RecipeFacts("last_blocks", 1.6e-3, f"{_IMPL}:LAST_BLOCKS", last_blocks=True),
-)
-#: recipe name → facts: the methods' recipes first, then the trainer's
-RECIPE_FACTS: dict[str, RecipeFacts] = {r.name: r for r in (*method_recipes(),
-                                                              *TRAINER_RECIPES)}
-#: every recipe name (config ``recipe``, ``flexigpt train --recipe``, the schema's enum)
-RECIPES = tuple(RECIPE_FACTS)
-#: Learning rate per recipe when neither the config nor the manifest gives one.
-DEFAULT_LR = {name: r.default_lr for name, r in RECIPE_FACTS.items()}
-
-
-def _names(recipes: list[str]) -> str:
-    """``'a'``, ``'a' and 'b'``: recipe names for a message."""
-    quoted = [repr(name) for name in recipes]
-    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
-
-
-def uses_own_lr(recipe: str | None, field_name: str) -> bool:
-    """Whether ``recipe`` (a name, possibly from an older record; None: unknown) trains with
-    the learning-rate field ``field_name`` beside ``lr`` (``RecipeFacts.own_lrs``)."""
-    facts = RECIPE_FACTS.get(recipe) if recipe is not None else None
-    return facts is not None and field_name in facts.own_lrs
-
-
-def recipes_with(fact: str) -> list[str]:
-    """Names of the recipes whose boolean fact ``fact`` is true."""
-    return [name for name, r in RECIPE_FACTS.items() if getattr(r, fact)]
-
 
 #: LoRA rank/alpha when neither config nor manifest gives them (LLM-Pruner's r 8, α 16).
 DEFAULT_LORA_RANK = 8
@@ -325,7 +285,7 @@ def resolve_plan(cfg: TrainConfig, manifest: Manifest) -> TrainPlan:
     facts = RECIPE_FACTS[recipe]
     if cfg.lora_other_blocks and not facts.other_blocks:
         raise ValueError(f"lora_other_blocks applies to recipe "
-                         f"{_names(recipes_with('other_blocks'))} only, not {recipe!r}")
+                         f"{recipe_names(recipes_with('other_blocks'))} only, not {recipe!r}")
     check_last_blocks(recipe, cfg.last_blocks, given=True)
     lr = float(pick("lr", cfg.lr, DEFAULT_LR[recipe]))
     gamma_lr = float(pick("gamma_lr", cfg.gamma_lr, lr))
@@ -339,7 +299,7 @@ def resolve_plan(cfg: TrainConfig, manifest: Manifest) -> TrainPlan:
     if facts.trains and lr <= 0:
         raise ValueError(f"recipe {recipe!r} needs a positive lr, got {lr}")
     if cfg.lora_budget is not None and not facts.lora:
-        raise ValueError(f"lora_budget applies to recipes {_names(recipes_with('lora'))}, "
+        raise ValueError(f"lora_budget applies to recipes {recipe_names(recipes_with('lora'))}, "
                          f"not {recipe!r}")
     if cfg.lora_budget is not None and facts.other_blocks and not cfg.lora_other_blocks:
         raise ValueError(f"lora_budget with recipe {recipe!r} needs lora_other_blocks (the "
@@ -365,9 +325,9 @@ def check_last_blocks(recipe: str | None, k: Any, *, given: bool) -> None:
     if k is not None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"last_blocks must be an integer >= 1 (the number of trailing "
-                             f"decoder blocks recipe {_names(takers)} trains), got {k!r}")
+                             f"decoder blocks recipe {recipe_names(takers)} trains), got {k!r}")
         if given and not takes:
-            raise ValueError(f"last_blocks (k = {k}) applies to recipe {_names(takers)} only, "
+            raise ValueError(f"last_blocks (k = {k}) applies to recipe {recipe_names(takers)} only, "
                              f"not {recipe!r}")
     elif given and takes:
         raise ValueError(f"recipe {recipe!r} needs last_blocks: k, the number of trailing "

@@ -1,6 +1,6 @@
 """Trainable-set recipes: which parameters recovery training updates.
 
-:func:`apply_recipe` asks the plan's recipe (:data:`flexigpt.runtime.training.config.RECIPE_FACTS`,
+:func:`apply_recipe` asks the plan's recipe (:data:`flexigpt.runtime.training.recipe_table.RECIPE_FACTS`,
 a :class:`~flexigpt.storage.recipe_facts.RecipeFacts`) for its trainable set and never names
 a method. The trainer's own recipes are implemented here:
 
@@ -34,7 +34,8 @@ from flexigpt.methods.lora import (
     lora_params_per_rank,
     rank_for_budget,
 )
-from flexigpt.runtime.training.config import RECIPE_FACTS, TrainPlan, check_last_blocks
+from flexigpt.runtime.training.config import TrainPlan, check_last_blocks
+from flexigpt.runtime.training.recipe_table import RECIPE_FACTS
 from flexigpt.storage.models.adapters import get_adapter
 from flexigpt.storage.recipe_facts import TrainableSet
 

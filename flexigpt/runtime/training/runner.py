@@ -26,12 +26,13 @@ from flexigpt.runtime.training.checkpoint import (
     fingerprint,
     remove_checkpoint,
 )
-from flexigpt.runtime.training.config import RECIPE_FACTS, TrainConfig, TrainPlan, resolve_plan
+from flexigpt.runtime.training.config import TrainConfig, TrainPlan, resolve_plan
 from flexigpt.runtime.training.data import WindowStream
 from flexigpt.runtime.training.loop import LoopResult, StepHook, run_loop, train_device
 from flexigpt.runtime.training.memo import SweepMemo
 from flexigpt.runtime.training.outputs import log_csv, plot_loss_curve
 from flexigpt.runtime.training.processes import is_main_process
+from flexigpt.runtime.training.recipe_table import RECIPE_FACTS
 from flexigpt.runtime.training.recipes import RecipeReport, apply_recipe
 from flexigpt.storage.artifacts import LoadedModel, load_compressed
 from flexigpt.storage.manifest import Manifest, manifest_hash

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from flexigpt.runtime.training.config import RECIPE_FACTS, TrainConfig
+from flexigpt.runtime.training.config import TrainConfig
+from flexigpt.runtime.training.recipe_table import RECIPE_FACTS
 from flexigpt.storage.registry import METHODS, get_method, methods_with
 
 #: methods whose configs accept precomputed Block Influence scores (computed once per model).
