@@ -64,9 +64,9 @@ def machine_condition(seconds: float = 2.0) -> dict[str, float]:
             "copy_256mib_gbs": round(best / 1e9, 2)}
 
 
-def task_requests(name: str, benchmarks: str, limit: int) -> tuple[Any, list[Any]]:
+def task_requests(name: str, tasks_dir: str, limit: int) -> tuple[Any, list[Any]]:
     """The lm-eval Task and its loglikelihood Instances for the first ``limit`` docs."""
-    task = build_task(task_specs([name], "local", benchmarks)[0])
+    task = build_task(task_specs([name], "local", tasks_dir)[0])
     task.set_config(key="num_fewshot", value=0)
     task.build_all_requests(limit=limit, rank=0, world_size=1)
     return task, list(task.instances)
@@ -151,7 +151,8 @@ def timed_rounds(lms: dict[str, Any], instances: list[Any], rounds: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resources/models/smollm2-135m")
-    ap.add_argument("--benchmarks", default="resources/benchmarks")
+    ap.add_argument("--tasks-dir", default="resources/tasks",
+                    help="folder of the task data, <task>/<split>.jsonl")
     ap.add_argument("--tasks", default=",".join(PAPER_TASKS))
     ap.add_argument("--limit", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=16, help="stock HFLM batch size")
@@ -200,7 +201,7 @@ def main() -> None:
     prof_totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     n_total = 0
     for name in [t for t in args.tasks.split(",") if t]:
-        task, inst = task_requests(name, args.benchmarks, args.limit)
+        task, inst = task_requests(name, args.tasks_dir, args.limit)
         runs = timed_rounds(lms, inst, args.rounds)
         ref, t_stock, w_stock, all_stock = runs["stock"]
         ours, t_fast, w_fast, all_fast = runs["fast"]

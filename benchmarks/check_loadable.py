@@ -39,7 +39,8 @@ def main() -> int:
     p.add_argument("--result", required=True, help="the model's result JSON (with records)")
     p.add_argument("--task", default="arc_easy")
     p.add_argument("--limit", type=int, default=10)
-    p.add_argument("--benchmarks", default="resources/benchmarks")
+    p.add_argument("--tasks-dir", default="resources/tasks",
+                   help="folder of the task data, <task>/<split>.jsonl")
     args = p.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -68,7 +69,7 @@ def main() -> int:
                             "message": (out.stdout + out.stderr).strip().splitlines()[-1:]}
         from flexigpt.runtime.evaluation.lm_eval_tasks import write_task_yamls
 
-        write_task_yamls(args.benchmarks, f"{tmp}/tasks")
+        write_task_yamls(args.tasks_dir, f"{tmp}/tasks")
         cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
                f"pretrained={args.model_dir},trust_remote_code=True,add_bos_token=False,"
                "dtype=float32", "--include_path", f"{tmp}/tasks", "--tasks", args.task,

@@ -40,7 +40,8 @@ def compress(code: Path, method: str, args: argparse.Namespace, out: Path) -> fl
            "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-c", "import sys; from flexigpt.cli import main; sys.exit(main())",
            "compress", "--method", method, "--model", str(ROOT / args.model), "--ratio",
-           str(args.ratio), "--calibration", str(ROOT / args.calibration), "--out", str(out)]
+           str(args.ratio), "--calibration", str(ROOT / args.calibration), "--n-calibration",
+           str(args.n_calibration), "--seq-len", str(args.seq_len), "--out", str(out)]
     where = subprocess.run([sys.executable, "-c", "import flexigpt; print(flexigpt.__file__)"],
                            check=True, env=env, cwd=code, capture_output=True, text=True)
     if not Path(where.stdout.strip()).resolve().is_relative_to(code.resolve()):
@@ -57,8 +58,13 @@ def main() -> int:
     p.add_argument("--model", default="resources/models/smollm2-135m")
     p.add_argument("--calibration", default="resources/text/wiki/train.txt")
     p.add_argument("--ratio", type=float, default=0.3)
+    p.add_argument("--n-calibration", type=int, default=128,
+                   help="calibration windows (default: the CLI's; the default DAG uses 32)")
+    p.add_argument("--seq-len", type=int, default=512, help="calibration window length")
+    p.add_argument("--json", help="also write the comparison here (one entry per method)")
     args = p.parse_args()
     differ = 0
+    report: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="flexigpt-compare-") as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base),
@@ -85,9 +91,23 @@ def main() -> int:
                           f"{structs['head'].get(k, '<absent>')!r}" for k in keys))
                       + f"; {secs['base']:.0f} s at {args.base}, {secs['head']:.0f} s here",
                       flush=True)
+                report.append({"method": method, "ratio": args.ratio, "base": args.base,
+                               "weights_identical": shas["base"] == shas["head"],
+                               "sha256": shas, "structure_differs_in": keys,
+                               "seconds": secs, "n_calibration": args.n_calibration,
+                               "seq_len": args.seq_len, "model": args.model})
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                            check=False, capture_output=True)
+    if args.json:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                                     "--untracked-files=no"], check=True,
+                                    capture_output=True, text=True).stdout.strip())
+        Path(args.json).write_text(json.dumps({"head": head, "head_has_uncommitted_edits":
+                                               dirty, "methods": report}, indent=1)
+                                   + "\n")
     return 1 if differ else 0
 
 

@@ -54,12 +54,12 @@ def summary(jobs: pd.DataFrame) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--benchmarks", default="logs/timings",
-                        help="Snakemake benchmark root (the rules' timing files)")
+    parser.add_argument("--timings", default="logs/timings",
+                        help="the root of the rules' Snakemake timing files")
     parser.add_argument("--model", default=None, help="only this model's subfolder")
     parser.add_argument("--markdown", default=None, help="also write the table here")
     args = parser.parse_args(argv)
-    root = Path(args.benchmarks) / (args.model or "")
+    root = Path(args.timings) / (args.model or "")
     jobs = rule_times(root)
     table = summary(jobs)
     text = table.to_markdown()

@@ -95,13 +95,13 @@ def _record(row: dict[str, Any]) -> dict[str, Any]:
     return {"doc_id": row["doc_id"], **{m: float(row[m]) for m in METRICS if m in row}}
 
 
-def run_harness(model: str, task: str, limit: int | None, benchmarks: str,
+def run_harness(model: str, task: str, limit: int | None, task_data: str,
                 out: Path) -> list[dict[str, Any]]:
     """``flexigpt evaluate`` (fast scorer, fp32) on one task; per-document records."""
     result = out / f"{task}.json"
     cmd = [sys.executable, "-m", "flexigpt", "evaluate", "--model", model, "--out",
-           str(result), "--tasks", task, "--no-ppl", "--add-bos-token", "--benchmarks",
-           benchmarks]
+           str(result), "--tasks", task, "--no-ppl", "--add-bos-token", "--tasks-dir",
+           task_data]
     if limit is not None:
         cmd += ["--limit", str(limit)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--card", choices=sorted(CARDS), help="published numbers to compare with")
     p.add_argument("--tasks", nargs="+", type=parse_task, required=True,
                    help="task or task:N (first N documents)")
-    p.add_argument("--benchmarks", default="resources/benchmarks")
+    p.add_argument("--tasks-dir", dest="task_data", default="resources/tasks",
+                   help="folder of the task data, <task>/<split>.jsonl")
     p.add_argument("--batch-size", type=int, default=16, help="stock lm-eval batch size")
     p.add_argument("--out", required=True, help="output folder")
     args = p.parse_args(argv)
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                               "machine": f"{cpu_name()}, {os.cpu_count()} CPUs"}
     with tempfile.TemporaryDirectory(prefix="validate-dense-") as tmp:
         tasks_dir = Path(tmp) / "tasks"
-        write_task_yamls(args.benchmarks, tasks_dir, [name for name, _ in args.tasks])
+        write_task_yamls(args.task_data, tasks_dir, [name for name, _ in args.tasks])
         for name, limit in args.tasks:
             done = _done(out, name, limit)
             if done is not None:
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             stock = run_stock(args.model, name, limit, tasks_dir, Path(tmp) / f"stock-{name}",
                               args.batch_size)
             t1 = time.perf_counter()
-            harness = run_harness(args.model, name, limit, args.benchmarks,
+            harness = run_harness(args.model, name, limit, args.task_data,
                                   Path(tmp) / f"harness-{name}")
             t2 = time.perf_counter()
             log.info("%s: stock %.0f s, harness %.0f s", name, t1 - t0, t2 - t1)

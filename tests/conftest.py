@@ -95,16 +95,16 @@ def fake_docs(task: str, n: int, seed: int) -> list[dict]:
     return docs
 
 
-#: task → the splits of its fake benchmark files (those ``resources/benchmarks`` has)
+#: task → the splits of its fake task data files (those ``resources/tasks`` has)
 SPLITS = {"arc_easy": ("validation", "test"), "arc_challenge": ("validation", "test"),
           "openbookqa": ("validation", "test"), "piqa": ("validation",),
           "winogrande": ("validation",), "hellaswag": ("validation",), "boolq": ("validation",)}
 
 
-def write_fake_benchmarks(root: Path, n_docs: int = 5) -> Path:
+def write_fake_tasks(root: Path, n_docs: int = 5) -> Path:
     """``root/<task>/<split>.jsonl`` for every task of :data:`SPLITS`: ``n_docs``
     :func:`fake_docs` each (seeded per task and split), the layout of
-    ``resources/benchmarks``."""
+    ``resources/tasks``."""
     for k, (task, splits) in enumerate(SPLITS.items()):
         (root / task).mkdir(parents=True)
         for j, split in enumerate(splits):
@@ -128,7 +128,7 @@ def build_tiny_resources(root: Path, n_articles: int = 400, n_task_docs: int = 8
 
     ``text/wiki`` comes from the wiki builder (:func:`flexigpt.runtime.resources.wiki
     .build_wiki_text`) fed :func:`write_fake_summaries` instead of the pinned wheel;
-    ``benchmarks`` from :func:`write_fake_benchmarks` (``n_task_docs`` per split); the tiny
+    ``tasks`` from :func:`write_fake_tasks` (``n_task_docs`` per split); the tiny
     models from :func:`flexigpt.runtime.resources.build_resource` on that wiki train text, what
     ``flexigpt fetch tiny-llama`` / ``tiny-opt`` and the DAG's ``fetch_tiny_model`` rule
     run. Built in that order (the models are newer than the text they were trained on),
@@ -138,7 +138,7 @@ def build_tiny_resources(root: Path, n_articles: int = 400, n_task_docs: int = 8
     summaries = write_fake_summaries(root.parent / f"{root.name}-wiki-summaries.json",
                                      n_articles)
     build_wiki_text(wiki, summaries_path=summaries)
-    write_fake_benchmarks(root / LAYOUT["benchmarks"], n_task_docs)
+    write_fake_tasks(root / LAYOUT["tasks"], n_task_docs)
     for name in TINY:
         build_resource(name, root / LAYOUT[name], root / ".cache" / "wheels",
                        text_path=wiki / WIKI_TRAIN)
@@ -241,7 +241,7 @@ def tiny_checkpoint(tmp_path: Path, tiny_tokenizer) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_resources(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ``resources/`` tree (:func:`build_tiny_resources`: wiki text, benchmarks, tiny-llama,
+    """A ``resources/`` tree (:func:`build_tiny_resources`: wiki text, task data, tiny-llama,
     tiny-opt) built once per session in a temporary directory, outside the checkout."""
     return build_tiny_resources(tmp_path_factory.mktemp("tiny-resources") / "resources")
 

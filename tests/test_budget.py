@@ -347,7 +347,7 @@ def test_budget_table_and_figure(tmp_path):
 
 #: methods the default config gained after the fixture was written (their runs are new; every
 #: other run must be exactly as it was)
-ADDED_LATER = {"replaceme", "streamline"}
+ADDED_LATER = {"replaceme", "streamline", "linearpatch"}
 #: ``(method, variant)`` runs added later to methods that were there (ShortGPT + fine-tuning
 #: of the last 3 blocks and the head)
 ADDED_VARIANTS = {("shortgpt", "last3")}

@@ -23,7 +23,7 @@ from flexigpt.export.publish import publish_compressed as save_compressed
 from flexigpt.methods.sharing import SharedLoRALinear
 from flexigpt.storage.artifacts import load_compressed
 from flexigpt.storage.models.checkpoint_format import KEY, MODEL_TYPE, MODELING_FILE
-from flexigpt.storage.registry import get_method
+from flexigpt.storage.registry import METHODS, get_method
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -124,8 +124,33 @@ def test_config_marks_what_is_not_plain(saved, name):
     assert cfg["model_type"] == MODEL_TYPE and spec["remote_code"] is True
     assert spec["method"] == manifest["method"] and spec["structure"] == manifest["structure"]
     assert spec["base_model_type"] == CASES.get(name, ("", {}, {}))[2].get("family", "llama")
-    assert cfg["auto_map"]["AutoModelForCausalLM"].startswith("modeling_flexigpt_compressed.")
+    # the checkpoint's classes name the method that made it (SliceGPTMistralForCausalLM)
+    prefix = METHODS[manifest["method"]].class_prefix
+    family = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[spec["base_model_type"]]
+    assert cfg["architectures"] == [f"{prefix}{family}ForCausalLM"]
+    assert cfg["auto_map"] == {
+        "AutoConfig": f"modeling_flexigpt_compressed.{prefix}{family}Config",
+        "AutoModelForCausalLM": f"modeling_flexigpt_compressed.{prefix}{family}ForCausalLM"}
     assert (d / MODELING_FILE).is_file()
+
+
+def test_each_replay_fragment_registers_its_method_class_prefix():
+    """Every method with a replay fragment registers the class-name prefix its facts derive
+    from its label, and the standalone file defines its classes for every family."""
+    from flexigpt.export.standalone import standalone_module
+
+    module = standalone_module()
+    replayed = {key for key, facts in METHODS.items() if facts.replay}
+    assert set(module.CLASS_PREFIX) == replayed
+    for key in replayed:
+        assert module.CLASS_PREFIX[key] == METHODS[key].class_prefix
+        for base_type in module.BASES:
+            config_name, model_name = module.class_names(key, base_type)
+            model_cls = getattr(module, model_name)
+            assert model_cls.config_class is getattr(module, config_name)
+            assert model_cls.__module__ == module.__name__
+    assert METHODS["llm_pruner"].class_prefix == "LLMPruner"
+    assert METHODS["flexigpt_extend"].class_prefix == "FlexiGPTExtension"
 
 
 def test_modeling_file_needs_only_torch_and_transformers(saved):
@@ -164,7 +189,8 @@ def test_remote_code_equals_load_compressed(saved, name, tmp_path):
 
     ref = load_compressed(saved[name]).model
     model = _auto(saved[name], trust_remote_code=True)
-    assert type(model).__name__.startswith("FlexiGPT") and model.config.model_type == MODEL_TYPE
+    prefix = METHODS[json.loads((saved[name] / "manifest.json").read_text())["method"]].class_prefix
+    assert type(model).__name__.startswith(prefix) and model.config.model_type == MODEL_TYPE
     torch.testing.assert_close(_logits(model), _logits(ref), atol=1e-5, rtol=0)
     assert count_parameters(model) == count_parameters(ref)
     with safe_open(saved[name] / "model.safetensors", "pt") as fh:  # shared weights stored once
@@ -224,6 +250,7 @@ def test_method_the_loader_cannot_replay_gets_no_auto_map(tiny_tokenizer, tmp_pa
     assert cfg[KEY]["remote_code"] is False and "shared differently" in cfg[KEY][
         "remote_code_reason"]
     assert not (tmp_path / "m" / MODELING_FILE).exists()
+    assert cfg["architectures"] == ["FlexiGPTCompressedForCausalLM"]  # no code defines it
     with pytest.raises(ValueError, match="flexigpt_compressed"):
         _auto(tmp_path / "m", trust_remote_code=True)
 
@@ -246,7 +273,7 @@ def test_lm_eval_hflm_with_remote_code_matches_harness(saved, name):
 
     stock = HFLM(pretrained=str(saved[name]), trust_remote_code=True, device="cpu",
                  dtype="float32", batch_size=4, add_bos_token=False)
-    assert type(stock.model).__name__.startswith("FlexiGPT")
+    assert type(stock.model).__name__ == f"{METHODS[CASES[name][0]].class_prefix}LlamaForCausalLM"
     ours = stock.loglikelihood(_requests(), disable_tqdm=True)
     loaded = load_compressed(saved[name])
     for backend in ("fast", "hf"):

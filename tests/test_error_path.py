@@ -307,7 +307,7 @@ def _benchmarks(tmp_path: Path, rows_text: str) -> Path:
 
 def _evaluate_arc(model: Path, benchmarks: Path, out: Path) -> list[str]:
     return ["evaluate", "--model", str(model), "--out", str(out), "--tasks", "arc_easy",
-            "--no-ppl", "--benchmarks", str(benchmarks), "--limit", "1"]
+            "--no-ppl", "--tasks-dir", str(benchmarks), "--limit", "1"]
 
 
 @pytest.mark.parametrize("damage,words", [
@@ -380,7 +380,7 @@ def test_shell_rules_run_the_harness_through_the_snakemake_interpreter(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     commands = [line.split("Shell command: ", 1)[1] for line in done.stdout.splitlines()
                 if line.startswith("Shell command: ") and line != "Shell command: None"]
-    assert len(commands) >= 3  # wiki, benchmarks, tiny model
+    assert len(commands) >= 3  # wiki, task data, tiny model
     for command in commands:
         assert command.startswith('"$FLEXIGPT_PYTHON" -m flexigpt fetch '), command
     for rules in (ROOT / "workflow" / "rules").glob("*.smk"):

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import SPLITS, make_model, write_fake_benchmarks
+from conftest import SPLITS, make_model, write_fake_tasks
 
 pytest.importorskip("lm_eval")
 from flexigpt.runtime.evaluation import tasks as T  # noqa: E402
@@ -23,7 +23,7 @@ def offline_single_thread(monkeypatch, single_thread):
 
 @pytest.fixture(scope="module")
 def bench_dir(tmp_path_factory) -> Path:
-    return write_fake_benchmarks(tmp_path_factory.mktemp("benchmarks"), 5)
+    return write_fake_tasks(tmp_path_factory.mktemp("tasks"), 5)
 
 
 def test_local_tasks_render_exactly_like_builtin(bench_dir, monkeypatch):
@@ -105,10 +105,10 @@ def test_task_errors(bench_dir, tmp_path, tiny_checkpoint, text_file):
                                                           "nothing to evaluate"),
                        ({"ppl_text": str(tmp_path / "no.txt")}, "no.txt")]:
         with pytest.raises((ValueError, FileNotFoundError), match=match):
-            evaluate_model(tiny_checkpoint, out, benchmarks_dir=bench_dir,
+            evaluate_model(tiny_checkpoint, out, tasks_dir=bench_dir,
                            **{"ppl_text": str(text_file), **bad})
     with pytest.raises(RuntimeError, match="not a checkpoint"):
-        evaluate_model(tmp_path / "missing-model", out, benchmarks_dir=bench_dir,
+        evaluate_model(tmp_path / "missing-model", out, tasks_dir=bench_dir,
                        tasks=["piqa"], ppl_text=None)
     assert not out.exists()
 
@@ -118,7 +118,7 @@ def test_evaluate_model_end_to_end(bench_dir, tiny_checkpoint, text_file, tmp_pa
 
     labels = {"model": "tiny", "method": "dense", "variant": "default", "ratio": None,
               "stage": "final", "seed": 0}
-    opts = {"tasks": ["arc_easy", "winogrande"], "limit": 3, "benchmarks_dir": str(bench_dir),
+    opts = {"tasks": ["arc_easy", "winogrande"], "limit": 3, "tasks_dir": str(bench_dir),
             "ppl_text": str(text_file), "ppl_seq_len": 64, "ppl_windows": 4, "batch_size": 4}
     first = evaluate_model(tiny_checkpoint, tmp_path / "a.json", labels=labels, **opts)
     data = load_result(tmp_path / "a.json")
@@ -144,7 +144,7 @@ def test_evaluate_model_end_to_end(bench_dir, tiny_checkpoint, text_file, tmp_pa
 
     # the same model again, through the CLI: identical numbers
     argv = ["evaluate", "--model", str(tiny_checkpoint), "--out", str(tmp_path / "b.json"),
-            "--tasks", "arc_easy,winogrande", "--limit", "3", "--benchmarks", str(bench_dir),
+            "--tasks", "arc_easy,winogrande", "--limit", "3", "--tasks-dir", str(bench_dir),
             "--ppl-text", str(text_file), "--ppl-seq-len", "64", "--ppl-windows", "4",
             "--batch-size", "4", "--label", "model=tiny", "--label", "ratio=null"]
     assert main(argv) == 0
@@ -205,7 +205,7 @@ def test_autocast_rule_and_bf16_scoring(bench_dir, tiny_checkpoint, text_file, t
         resolve_autocast("int8", "cpu")
     with pytest.raises(ValueError, match="needs backend 'fast'"):
         EvalConfig(backend="hf", autocast_dtype="bfloat16", ppl_text=str(text_file))
-    opts = {"tasks": ["arc_easy"], "limit": 3, "benchmarks_dir": str(bench_dir),
+    opts = {"tasks": ["arc_easy"], "limit": 3, "tasks_dir": str(bench_dir),
             "ppl_text": str(text_file), "ppl_seq_len": 64, "ppl_windows": 4, "batch_size": 4}
     fp32 = evaluate_model(tiny_checkpoint, tmp_path / "a.json", **opts)
     bf16 = evaluate_model(tiny_checkpoint, tmp_path / "b.json", autocast_dtype="bfloat16",

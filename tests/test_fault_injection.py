@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import link_resources, without_keys, write_fake_benchmarks
+from conftest import link_resources, without_keys, write_fake_tasks
 
 from flexigpt.core.fileio import MARKER
 from flexigpt.storage.manifest import VOLATILE_KEYS
@@ -106,9 +106,9 @@ def run_cli(argv: list[str], cwd: Path, kill: str | None = None) -> subprocess.C
 # ---- the three CLI stages -----------------------------------------------------------------
 def _inputs(base: Path, tiny_checkpoint: Path, text_file: Path) -> dict[str, Path]:
     """Inputs shared by every case, outside the work directories that are compared."""
-    bench = base / "benchmarks"
+    bench = base / "tasks"
     if not bench.exists():
-        write_fake_benchmarks(bench, n_docs=5)
+        write_fake_tasks(bench, n_docs=5)
     return {"model": tiny_checkpoint, "text": text_file, "bench": bench}
 
 
@@ -131,7 +131,7 @@ STAGES = {
                         "--lr", "5e-3", "--warmup", "1"],
     "evaluate": lambda i: ["evaluate", "--model", str(i["model"]), "--out", "out/eval.json",
                            "--tasks", "arc_easy,winogrande,piqa", "--limit", "3",
-                           "--benchmarks", str(i["bench"]), "--ppl-text", str(i["text"]),
+                           "--tasks-dir", str(i["bench"]), "--ppl-text", str(i["text"]),
                            "--ppl-seq-len", "32", "--ppl-windows", "4", "--batch-size", "4"],
 }
 
@@ -211,7 +211,7 @@ MINI = {
               "resources/models/tiny-llama", "resource": "tiny-llama", "dtype": "float32"},
     "data": {"train_text": "resources/text/wiki/train.txt",
              "validation_text": "resources/text/wiki/validation.txt",
-             "benchmarks": "resources/benchmarks", "task_source": "local"},
+             "tasks": "resources/tasks", "task_source": "local"},
     "calibration": {"n_windows": 4, "seq_len": 64},
     "seed": 0,
     "jobs": {"threads": 1, "gpu": 0},

@@ -4,7 +4,7 @@ Run on a CUDA machine with ``python -m pytest -m gpu`` (what ``benchmarks/gpu_ch
 runs); the default test command deselects these tests (``-m "not slow and not gpu"``) and
 they skip where no CUDA device is visible. Each test runs one step of the harness (its API
 or CLI, as a job would) once with ``device="cpu"`` and once with ``device="cuda"`` on the
-session's tiny resources (``tiny_resources``: tiny-llama and its wiki text and benchmarks)
+session's tiny resources (``tiny_resources``: tiny-llama and its wiki text and task data)
 and compares what the two wrote.
 
 Tolerances. Both devices compute in fp32: training with ``--bf16 off``, evaluation without
@@ -56,7 +56,7 @@ def paths(tiny_resources: Path) -> dict[str, Path]:
     return {"model": tiny_resources / "models" / "tiny-llama",
             "train": tiny_resources / "text" / "wiki" / "train.txt",
             "validation": tiny_resources / "text" / "wiki" / "validation.txt",
-            "benchmarks": tiny_resources / "benchmarks"}
+            "tasks": tiny_resources / "tasks"}
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +134,8 @@ def test_recovery_on_cuda_matches_cpu(compressed, paths, tmp_path):
 
 def _evaluate(model: Path, out: Path, paths: dict[str, Path], device: str) -> Path:
     argv = ["evaluate", "--model", str(model), "--out", str(out), "--tasks",
-            "arc_easy,piqa,hellaswag", "--limit", "4", "--benchmarks",
-            str(paths["benchmarks"]), "--ppl-text", str(paths["validation"]),
+            "arc_easy,piqa,hellaswag", "--limit", "4", "--tasks-dir",
+            str(paths["tasks"]), "--ppl-text", str(paths["validation"]),
             "--ppl-seq-len", "64", "--ppl-windows", "4", "--batch-size", "4",
             "--device", device]
     assert cli_main(argv) == 0

@@ -253,6 +253,21 @@ def test_count_flags_must_be_positive(tmp_path, capsys, text_file, command, argv
     assert len(text.strip().splitlines()) == 1 and not out.exists()
 
 
+def test_old_names_of_the_task_data_are_refused_with_the_new_one(tmp_path, capsys):
+    """The task data is "tasks" (issue 50): ``evaluate --benchmarks`` and ``fetch
+    benchmarks`` name their new spelling in one line, before anything is read or built."""
+    out = tmp_path / "out.json"
+    rc, text = cli(capsys, "evaluate", "--model", str(tmp_path / "m"), "--out", str(out),
+                   "--benchmarks", str(tmp_path / "b"))
+    assert rc == 2 and "--benchmarks was renamed --tasks-dir" in text, text
+    assert len(text.strip().splitlines()) == 1 and not out.exists()
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["fetch", "benchmarks", "--out", str(tmp_path / "t")])
+    assert exit_.value.code == 2
+    assert "'benchmarks' was renamed 'tasks' (`flexigpt fetch tasks`)" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
+
+
 @pytest.mark.usefixtures("single_thread")
 def test_compress_refuses_an_unreachable_ratio_unless_accepted(tmp_path, capsys,
                                                                tiny_checkpoint, text_file):
@@ -353,6 +368,8 @@ def test_dry_run_with_a_tampered_model_stops_before_any_job(built_model, tmp_pat
     (lambda c: c["methods"]["flexigpt"].update(optins={}),
      "methods.flexigpt.optins: unknown key (known: budget, match, options,"),
     (lambda c: c["training"].update(tokens="many"), "training.tokens: 'many' is not an integer"),
+    (lambda c: c["data"].update(benchmarks=c["data"].pop("tasks")),
+     "data.benchmarks was renamed data.tasks (the folder of the task data"),
 ])
 def test_schema_errors_are_one_line_naming_file_and_key(tmp_path, edit, line):
     from flexigpt.workflow.config_schema import check_schema

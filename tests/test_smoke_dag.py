@@ -2,7 +2,7 @@
 on the tiny OPT (the paper's Table 3 family: every method, the extension and the tables).
 
 Runs in a temporary working directory whose ``resources/`` links to the session's tiny
-resources (``tiny_resources`` in conftest.py: fake wiki text and benchmarks, the tiny models
+resources (``tiny_resources`` in conftest.py: fake wiki text and task data, the tiny models
 built by the project's own builder), never to the checkout's.
 """
 

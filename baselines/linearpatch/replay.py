@@ -52,4 +52,4 @@ def replay_linearpatch(model: PreTrainedModel, s: dict[str, Any]) -> None:
     layers[start] = LinearPatchLayer(model.config.hidden_size, bool(s["rotate"]), dtype)
 
 
-register_replay("linearpatch", replay_linearpatch)
+register_replay("linearpatch", replay_linearpatch, "LinearPatch")

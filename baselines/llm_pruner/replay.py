@@ -44,4 +44,4 @@ def replay_llm_pruner(model: PreTrainedModel, s: dict[str, Any]) -> None:
             mlp.intermediate_size = inter
 
 
-register_replay("llm_pruner", replay_llm_pruner)
+register_replay("llm_pruner", replay_llm_pruner, "LLMPruner")

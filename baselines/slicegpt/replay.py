@@ -106,4 +106,4 @@ def replay_slicegpt(model: PreTrainedModel, s: dict[str, Any]) -> None:
         model.lm_head = _linear(head, outs[-1], head.out_features)
 
 
-register_replay("slicegpt", replay_slicegpt)
+register_replay("slicegpt", replay_slicegpt, "SliceGPT")

@@ -38,4 +38,4 @@ def replay_streamline(model: PreTrainedModel, s: dict[str, Any]) -> None:
     layers[start] = StreamlineFFN(model.config.hidden_size, dtype)
 
 
-register_replay("streamline", replay_streamline)
+register_replay("streamline", replay_streamline, "LLMStreamline")

@@ -57,7 +57,7 @@ INPUT_TEXTS: dict[str, tuple[str, ...]] = {"compress": ("calibration",),
 INPUT_PATHS: dict[str, tuple[str, ...]] = {
     "compress": ("model", "calibration"), "extend": ("model",),
     "train": ("model", "teacher", "text", "validation"),
-    "evaluate": ("model", "benchmarks", "ppl_text"), "export": ("model_dir",),
+    "evaluate": ("model", "tasks_dir", "ppl_text"), "export": ("model_dir",),
     "generate": ("model", "prompts_file"), "fetch": ("text",)}
 
 

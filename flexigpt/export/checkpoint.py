@@ -46,6 +46,7 @@ from flexigpt.storage.models.checkpoint_format import (
     compression_spec,
 )
 from flexigpt.storage.models.loading import family_config
+from flexigpt.storage.registry import METHODS
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -137,10 +138,10 @@ def remote_mismatch(model: nn.Module, config_dict: dict[str, Any]) -> str | None
     spec = config_dict[KEY]
     if spec["method"] not in standalone.REPLAY:
         return f"the standalone loader cannot replay method {spec['method']!r}"
-    if spec["base_model_type"] not in standalone.FAMILIES:
+    if spec["base_model_type"] not in standalone.BASES:
         return (f"the standalone loader has no class for model type "
-                f"{spec['base_model_type']!r} (has {sorted(standalone.FAMILIES)})")
-    cls = getattr(standalone, standalone.FAMILIES[spec["base_model_type"]][1])
+                f"{spec['base_model_type']!r} (has {sorted(standalone.BASES)})")
+    cls = getattr(standalone, standalone.class_names(spec["method"], spec["base_model_type"])[1])
     try:
         config = cls.config_class.from_dict(copy.deepcopy(config_dict))
         ref = _meta_skeleton(lambda: cls(config))
@@ -174,7 +175,7 @@ def make_self_contained(model_dir: str | os.PathLike, model: nn.Module,
     out = {**config_dict, "model_type": MODEL_TYPE, KEY: spec}
     remote = remote_mismatch(model, out)
     if remote is None:
-        config_cls, model_cls = standalone.FAMILIES[base_type]
+        config_cls, model_cls = standalone.class_names(manifest.method, base_type)
         out["architectures"] = [model_cls]
         out["auto_map"] = {"AutoConfig": f"{MODELING_FILE[:-3]}.{config_cls}",
                            "AutoModelForCausalLM": f"{MODELING_FILE[:-3]}.{model_cls}"}
@@ -182,7 +183,8 @@ def make_self_contained(model_dir: str | os.PathLike, model: nn.Module,
         write_standalone(model_dir)
     else:
         spec.update(remote_code=False, remote_code_reason=remote)
-        out["architectures"] = ["FlexiGPTCompressedForCausalLM"]
+        # a class no code defines: stock transformers refuses the checkpoint, naming its method
+        out["architectures"] = [f"{METHODS[manifest.method].class_prefix}CompressedForCausalLM"]
         log.warning("%s: no remote code written (%s); the checkpoint loads with "
                     "flexigpt.load_compressed only", model_dir, remote)
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")

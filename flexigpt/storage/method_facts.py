@@ -9,6 +9,7 @@ from them, so a new method is one new folder. The implementation loads lazily fr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,13 @@ class MethodFacts:
     tiny_options: tuple[tuple[str, Any], ...] = ()
     replay: str | None = None
     order: int = 1000
+
+    @property
+    def class_prefix(self) -> str:
+        """The prefix of this method's checkpoint class names: the label's words joined,
+        each capitalised (``"LLM-Pruner"``: ``LLMPruner``; ``"FlexiGPT extension"``:
+        ``FlexiGPTExtension``); a replay fragment registers the same."""
+        return "".join(w[:1].upper() + w[1:] for w in re.split(r"[^0-9A-Za-z]+", self.label))
 
 
 @dataclass(frozen=True)

@@ -52,11 +52,34 @@ LINEARS = tuple(f"{ATTN}.{n}" for n in ATTN_LINEARS) + tuple(f"{MLP}.{n}" for n 
 
 #: method → its replay ``(model, structure) -> None``, registered by the method fragments
 REPLAY: dict[str, Callable[[PreTrainedModel, dict[str, Any]], None]] = {}
+#: method → the prefix of its checkpoints' class names (``"SliceGPT"``:
+#: ``SliceGPTLlamaConfig``, ``SliceGPTLlamaForCausalLM``), registered with its replay
+CLASS_PREFIX: dict[str, str] = {}
 
 
-def register_replay(method: str, replay: Callable[[PreTrainedModel, dict[str, Any]], None]) -> None:
-    """Make ``replay`` rebuild the saved models of ``method`` (a fragment's last statement)."""
+def class_names(method: str, base_type: str) -> tuple[str, str]:
+    """``(config class, model class)`` names of ``method``'s checkpoints of the family
+    ``base_type`` (a key of :data:`BASES`), as ``config.json``'s ``auto_map`` names them."""
+    family = BASES[base_type][0]
+    return (f"{CLASS_PREFIX[method]}{family}Config",
+            f"{CLASS_PREFIX[method]}{family}ForCausalLM")
+
+
+def register_replay(method: str, replay: Callable[[PreTrainedModel, dict[str, Any]], None],
+                    class_prefix: str) -> None:
+    """Make ``replay`` rebuild the saved models of ``method`` (a fragment's last statement),
+    and define in this module the classes its checkpoints name, one config and one model
+    class per family of :data:`BASES` (:func:`class_names`): the checkpoint class names the
+    method that made it."""
     REPLAY[method] = replay
+    CLASS_PREFIX[method] = class_prefix
+    for base_type, (_, config_base, model_base) in BASES.items():
+        config_name, model_name = class_names(method, base_type)
+        config_cls = type(config_name, (config_base,),
+                          {"model_type": MODEL_TYPE, "__module__": __name__})
+        globals()[config_name] = config_cls
+        globals()[model_name] = type(model_name, (CompressedMixin, model_base),
+                                     {"config_class": config_cls, "__module__": __name__})
 
 
 # ---- surgery helpers the fragments share ----------------------------------------------------
@@ -112,40 +135,10 @@ class CompressedMixin(_MixinBase):
         self._tied_weights_keys = patterns
 
 
-class FlexiGPTLlamaConfig(LlamaConfig):
-    model_type = MODEL_TYPE
-
-
-class FlexiGPTMistralConfig(MistralConfig):
-    model_type = MODEL_TYPE
-
-
-class FlexiGPTQwen2Config(Qwen2Config):
-    model_type = MODEL_TYPE
-
-
-class FlexiGPTQwen3Config(Qwen3Config):
-    model_type = MODEL_TYPE
-
-
-class FlexiGPTLlamaForCausalLM(CompressedMixin, LlamaForCausalLM):
-    config_class = FlexiGPTLlamaConfig
-
-
-class FlexiGPTMistralForCausalLM(CompressedMixin, MistralForCausalLM):
-    config_class = FlexiGPTMistralConfig
-
-
-class FlexiGPTQwen2ForCausalLM(CompressedMixin, Qwen2ForCausalLM):
-    config_class = FlexiGPTQwen2Config
-
-
-class FlexiGPTQwen3ForCausalLM(CompressedMixin, Qwen3ForCausalLM):
-    config_class = FlexiGPTQwen3Config
-
-
-#: base ``model_type`` → (config class name, model class name) for ``auto_map``
-FAMILIES = {"llama": ("FlexiGPTLlamaConfig", "FlexiGPTLlamaForCausalLM"),
-            "mistral": ("FlexiGPTMistralConfig", "FlexiGPTMistralForCausalLM"),
-            "qwen2": ("FlexiGPTQwen2Config", "FlexiGPTQwen2ForCausalLM"),
-            "qwen3": ("FlexiGPTQwen3Config", "FlexiGPTQwen3ForCausalLM")}
+#: base ``model_type`` → (its name in class names, the family's config class, its model class):
+#: each method's checkpoint classes subclass these (:func:`register_replay`)
+BASES: dict[str, tuple[str, type, type]] = {
+    "llama": ("Llama", LlamaConfig, LlamaForCausalLM),
+    "mistral": ("Mistral", MistralConfig, MistralForCausalLM),
+    "qwen2": ("Qwen2", Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": ("Qwen3", Qwen3Config, Qwen3ForCausalLM)}

@@ -34,10 +34,10 @@ def check_model_paths(grid: Any) -> list[tuple[str, str]]:
 
 
 #: folders (relative to the workflow root) that the DAG's rules write into or replace
-DAG_OUTPUT_ROOTS = ("results", "logs", "benchmarks", ".snakemake")
+DAG_OUTPUT_ROOTS = ("results", "logs", ".snakemake")
 #: config keys naming a rule's input paths
 INPUT_KEYS = (("model", "path"), ("data", "train_text"), ("data", "calibration_text"),
-              ("data", "validation_text"), ("data", "benchmarks"))
+              ("data", "validation_text"), ("data", "tasks"))
 
 
 def check_inputs_apart(config: dict[str, Any],

@@ -123,9 +123,18 @@ def describe(error: ValidationError) -> str:
     return f"{where}: " + (message if len(message) <= 2 * SHOWN else f"{kind} check failed")
 
 
+#: (section, old key) → the key's new name; a config still using the old one is refused
+#: with it (before the schema's generic "unexpected key")
+RENAMED_KEYS = {("data", "benchmarks"): "data.tasks (the folder of the task data, "
+                                         "<task>/<split>.jsonl, e.g. resources/tasks)"}
+
+
 def schema_problem(config: dict[str, Any]) -> str | None:
     """The most relevant schema violation of ``config`` as one line (:func:`describe`), or
-    None when it is valid."""
+    None when it is valid; a renamed key names its new name."""
+    for (section, key), new in RENAMED_KEYS.items():
+        if isinstance(config.get(section), dict) and key in config[section]:
+            return f"{section}.{key} was renamed {new}"
     error = best_match(_validator().iter_errors(config))
     return None if error is None else describe(error)
 

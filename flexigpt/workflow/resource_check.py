@@ -28,8 +28,8 @@ def resource_dirs(config: dict[str, Any], grid: GridView) -> dict[str, tuple[str
     for key, path in grid.model_paths.items():
         where = "model.path" if key == keys[0] else "extension.model_path"
         out.setdefault(str(path), (where, True))
-    if grid.benchmarks:
-        out.setdefault(str(grid.benchmarks), ("data.benchmarks", True))
+    if grid.tasks_dir:
+        out.setdefault(str(grid.tasks_dir), ("data.tasks", True))
     data = config.get("data") or {}
     for name in ("calibration_text", "train_text", "validation_text"):
         if data.get(name):

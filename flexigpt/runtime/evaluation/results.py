@@ -77,7 +77,7 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=lambda: list(PAPER_TASKS))
     limit: int | None = None
     source: str = "local"
-    benchmarks_dir: str | None = "resources/benchmarks"
+    tasks_dir: str | None = "resources/tasks"
     ppl_text: str | None = "resources/text/wiki/validation.txt"
     ppl_seq_len: int = 2048
     ppl_windows: int | None = None
@@ -133,7 +133,7 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
         out_json: where the result goes (written only if everything succeeded).
         **options: fields of :class:`EvalConfig`: ``tasks`` (list; empty = perplexity
             only), ``limit`` (first N docs per task, None = full split), ``source``
-            (``local``|``hub``), ``benchmarks_dir``, ``ppl_text`` (None = no perplexity),
+            (``local``|``hub``), ``tasks_dir``, ``ppl_text`` (None = no perplexity),
             ``ppl_seq_len``, ``ppl_windows`` (None = every full window), ``batch_size``,
             ``backend`` (``fast``|``hf``), ``dtype``, ``device``, ``add_bos_token``,
             ``autocast_dtype`` (fast backend: None = fp32, ``auto`` = bf16 where the device
@@ -145,7 +145,7 @@ def evaluate_model(model_dir_or_spec: str | os.PathLike, out_json: str | os.Path
         The result dict that was written.
     """
     cfg = EvalConfig(**options)
-    specs = task_specs(cfg.tasks, cfg.source, cfg.benchmarks_dir) if cfg.tasks else []
+    specs = task_specs(cfg.tasks, cfg.source, cfg.tasks_dir) if cfg.tasks else []
     loaded = artifacts.load_compressed(model_dir_or_spec, dtype=cfg.dtype, device=cfg.device)
     model, tokenizer, manifest = loaded.model, loaded.tokenizer, loaded.manifest
     device = devices.model_device(model)

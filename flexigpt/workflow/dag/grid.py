@@ -35,7 +35,7 @@ class RunGrid:
     calibration_text: str
     train_text: str
     validation_text: str
-    benchmarks: str | None
+    tasks_dir: str | None
     task_source: str
     training: dict[str, Any]
     evaluation: dict[str, Any]
@@ -73,7 +73,7 @@ class RunGrid:
         grid = cls(runs=build.runs, model_paths=build.paths, model_resources=build.resources,
                    calibration_text=data.get("calibration_text", data["train_text"]),
                    train_text=data["train_text"], validation_text=data["validation_text"],
-                   benchmarks=data.get("benchmarks"), task_source=data["task_source"],
+                   tasks_dir=data.get("tasks"), task_source=data["task_source"],
                    training=dict(config["training"]), evaluation=dict(config["evaluation"]),
                    inference={**(config.get("inference") or {}), "device": common["device"]},
                    calibration={**common["calibration"], "seed": common["seed"],

@@ -91,7 +91,7 @@ def start_build(config: dict[str, Any]) -> GridBuild:
 
     Raises:
         ValueError: a bad ``device``, a resource model whose path is not where its builder
-            writes, or local tasks without ``data.benchmarks``.
+            writes, or local tasks without ``data.tasks``.
     """
     model, data = config["model"], config["data"]
     seed = int(config["seed"])
@@ -100,8 +100,8 @@ def start_build(config: dict[str, Any]) -> GridBuild:
     calibration = {"n_calibration": config["calibration"]["n_windows"],
                    "seq_len": config["calibration"]["seq_len"]}
     check_model_resource(model)
-    if data["task_source"] == "local" and not data.get("benchmarks"):
-        raise ValueError("data.benchmarks is required when data.task_source is 'local'")
+    if data["task_source"] == "local" and not data.get("tasks"):
+        raise ValueError("data.tasks is required when data.task_source is 'local'")
     key = model["key"]
     basis = check_basis(config.get("compression_basis", "total"))
     return GridBuild(key, common={"calibration": calibration, "seed": seed, "dtype": dtype,

@@ -6,7 +6,8 @@
 (``eval_*.samples.jsonl.gz``, ``eval_*.windows.json``) and the trained manifest beside every
 training log, under their run paths, and writes the index
 (:data:`flexigpt.tables.from_archive.INDEX`). :func:`flexigpt.tables.from_archive.rebuild` turns the
-archive back into the run's tables::
+archive back into the run's tables; :func:`extend_archive` adds the runs a config gained
+after the archived run (``flexigpt archive --add``)::
 
     flexigpt tables --archive results/reference/<run>/inputs --out /tmp/tables
 """
@@ -47,6 +48,17 @@ def support_files(inputs: dict[str, list[str]], workdir: Path) -> list[str]:
     return [rel for rel in dict.fromkeys(found) if (workdir / rel).is_file()]
 
 
+def _copy(work: Path, dest: Path, rels: list[str]) -> list[Path]:
+    """Copy each of ``rels`` from ``work`` to the same relative path under ``dest``."""
+    written: list[Path] = []
+    for rel in rels:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(work / rel, target)
+        written.append(target)
+    return written
+
+
 def archive_run(config: dict[str, Any], out: str | os.PathLike,
                 workdir: str | os.PathLike = ".") -> list[Path]:
     """Copy the table inputs of ``config``'s finished run under ``workdir`` to ``out``
@@ -66,18 +78,52 @@ def archive_run(config: dict[str, Any], out: str | os.PathLike,
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"{dest} exists and is not empty; archive into a new directory")
     support = support_files(inputs, work)
-    written: list[Path] = []
-    for rel in [*(p for kind in KINDS for p in inputs[kind]), *support]:
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(work / rel, target)
-        written.append(target)
+    written = _copy(work, dest, [*(p for kind in KINDS for p in inputs[kind]), *support])
     model = config.get("model") or {}
     index = {"schema": 1, "results_dir": "results", "inputs": inputs, "support": support,
              "model_names": {model["key"]: model.get("name", model["key"])} if model else {},
              "model_facts": model_facts(config, work)}
     atomic_write_text(dest / INDEX, json.dumps(index, indent=1) + "\n")
     read_index(dest)  # every listed file arrived
+    return [*written, dest / INDEX]
+
+
+def extend_archive(config: dict[str, Any], out: str | os.PathLike,
+                   workdir: str | os.PathLike = ".") -> list[Path]:
+    """Add to the existing archive ``out`` the table inputs of ``config`` that it lacks (runs
+    added to the config after the archived run), copied from the run under ``workdir`` with
+    their per-document records; rewrite the index to list ``config``'s inputs. Files already
+    archived are never replaced (the archived run stays what it was), and the model facts
+    stay as archived. Returns the files written, index last.
+
+    Raises:
+        FileNotFoundError: an input is in neither the archive nor ``workdir`` (named), or
+            ``out`` is not an archive.
+        ValueError: the archive lists inputs ``config`` does not have (it is not a grid the
+            config extends), or the config adds nothing.
+    """
+    work, dest = Path(workdir), Path(out)
+    index = read_index(dest)
+    inputs = table_inputs(RunGrid.from_config(config))
+    wanted = {rel for paths in inputs.values() for rel in paths}
+    dropped = sorted({rel for kind in KINDS for rel in index["inputs"][kind]} - wanted)
+    if dropped:
+        raise ValueError(f"{dest} holds {len(dropped)} table inputs the config does not list, "
+                         f"e.g. {dropped[0]}: extend an archive only with the config it was "
+                         f"written from plus new runs")
+    new = {kind: [rel for rel in inputs[kind] if not (dest / rel).is_file()] for kind in KINDS}
+    if not any(new.values()):
+        raise ValueError(f"the config adds no table input to {dest}")
+    missing = [rel for paths in new.values() for rel in paths if not (work / rel).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} new table inputs are missing under "
+                                f"{work.resolve()}, e.g. {missing[0]}")
+    support = [rel for rel in support_files(new, work) if not (dest / rel).is_file()]
+    written = _copy(work, dest, [*(p for kind in KINDS for p in new[kind]), *support])
+    index = {**index, "inputs": inputs,
+             "support": [*index.get("support", []), *support]}
+    atomic_write_text(dest / INDEX, json.dumps(index, indent=1) + "\n")
+    read_index(dest)  # every listed file is there
     return [*written, dest / INDEX]
 
 

