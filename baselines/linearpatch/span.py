@@ -41,7 +41,7 @@ def candidate_starts(n_blocks: int, span: int) -> range:
     return range(1, n_blocks - span)
 
 
-def _block_inputs(model: nn.Module, watched: list[int], windows: torch.Tensor,
+def block_inputs(model: nn.Module, watched: list[int], windows: torch.Tensor,
                   batch_size: int):
     """Yield ``{block: x [B, T, D]}`` (the inputs of the ``watched`` blocks) per batch."""
     blocks = get_adapter(model).layers(model)
@@ -67,7 +67,7 @@ def span_similarities(model: nn.Module, windows: torch.Tensor, span: int,
     starts = candidate_starts(n_blocks, span)
     sums = dict.fromkeys(starts, 0.0)
     watched = sorted({*starts, *(i + span for i in starts)})
-    for states in _block_inputs(model, watched, windows, batch_size):
+    for states in block_inputs(model, watched, windows, batch_size):
         for i in starts:
             cos = torch.nn.functional.cosine_similarity(
                 states[i].double(), states[i + span].double(), dim=1)  # [B, D]: over tokens
@@ -90,7 +90,7 @@ def channel_scales(model: nn.Module, windows: torch.Tensor, start: int, end: int
     hidden = int(config.hidden_size)
     h = hadamard(hidden) if rotate else None
     total = torch.zeros(hidden, dtype=torch.float64)
-    for states in _block_inputs(model, [start, end], windows, batch_size):
+    for states in block_inputs(model, [start, end], windows, batch_size):
         x_start, x_end = states[start].double(), states[end].double()
         if h is not None:
             x_start, x_end = x_start @ h.to(x_start.device), x_end @ h.to(x_end.device)
