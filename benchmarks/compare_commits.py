@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from flexigpt.storage.registry import ROLES, methods_in_section
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -54,7 +56,10 @@ def compress(code: Path, method: str, args: argparse.Namespace, out: Path) -> fl
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True, help="the commit to compare this checkout with")
-    p.add_argument("--methods", nargs="+", default=["flexigpt", "slicegpt"])
+    p.add_argument("--methods", nargs="+", default=[m for m in methods_in_section("methods")
+                                                    if m != ROLES.reference],
+                   help="default: every method of the config's methods section but the "
+                        "uncompressed reference")
     p.add_argument("--model", default="resources/models/smollm2-135m")
     p.add_argument("--calibration", default="resources/text/wiki/train.txt")
     p.add_argument("--ratio", type=float, default=0.3)

@@ -2,7 +2,7 @@
 
 For the span ``[start, end)`` (e.g. the one a run chose: its manifest's ``info.span``), prints
 and writes as JSON the perplexity on ``--test-windows`` windows of the validation text of:
-the dense model; the span skipped (nothing in its place); the diagonal patch (``rotate``
+the unpruned model; the span skipped (nothing in its place); the diagonal patch (``rotate``
 false: per-channel scales); the rotated patch (``P = H diag(s) Hᵀ``, the default). Scales are
 measured on ``--windows`` calibration windows with the method's own functions; the largest
 input magnitudes at the span's two ends (the "massive activations" a rotation spreads over
@@ -93,7 +93,7 @@ def main() -> int:
                               "test_windows": args.test_windows, "seq_len": args.seq_len,
                               "calibration_windows": args.windows, "bos": args.bos,
                               "inputs": ends, "machine": platform.processor() or platform.machine(),
-                              "ppl": {"dense": perplexity(model, test),
+                              "ppl": {"unpruned": perplexity(model, test),
                                       "skip": perplexity(with_span(model, args.start, args.end,
                                                                    None), test)}}
     for name, rotate in (("diagonal", False), ("rotated", True)):

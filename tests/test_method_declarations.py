@@ -76,3 +76,27 @@ def test_declarations_import_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_roles_come_from_the_declarations_one_method_each():
+    """The protocol's roles (reference, subject, comparator, skip, extension) are what the
+    method folders declare (``MethodFacts.roles``); a role declared twice, by none, or a role
+    nobody knows is refused naming it."""
+    from dataclasses import replace
+
+    from flexigpt.storage.registry import METHODS, ROLES, Roles, declared_roles
+
+    assert ROLES == declared_roles(METHODS)
+    for role, key in vars(ROLES).items():
+        assert role in METHODS[key].roles
+    twice = {**METHODS, "other": replace(METHODS[ROLES.subject], label="Other")}
+    with pytest.raises(ValueError, match=r"exactly one method.*'subject': \['flexigpt', 'other'\]"):
+        declared_roles(twice)
+    none = {k: replace(f, roles=()) if k == ROLES.skip else f for k, f in METHODS.items()}
+    with pytest.raises(ValueError, match=r"'skip': \[\]"):
+        declared_roles(none)
+    unknown = {**METHODS, "x": replace(METHODS[ROLES.reference], roles=("judge",))}
+    with pytest.raises(ValueError, match="unknown role 'judge'"):
+        declared_roles(unknown)
+    assert [f for f in Roles.__dataclass_fields__] == ["reference", "subject", "comparator",
+                                                        "skip", "extension"]

@@ -8,10 +8,10 @@ METHODS = {
                             block_influence=True, timed=True, block_count="remove",
                             variant_labels=(("last3", "ShortGPT + FT last 3 blocks & head"),),
                             replacement="nothing (skip)", paper_variants=("default",),
-                            families=ALL_FAMILIES, order=30),
+                            families=ALL_FAMILIES, roles=("skip",), order=30),
     "shortgpt_lora": MethodFacts("baselines.shortgpt.method:METHOD_LORA", "ShortGPT + LoRA",
                                  tiny_options=TINY_RATIO,
                                  block_influence=True, block_count="remove",
                                  replacement="nothing (skip)", paper_variants=("default",),
-                                 families=ALL_FAMILIES, order=31),
+                                 families=ALL_FAMILIES, roles=("comparator",), order=31),
 }

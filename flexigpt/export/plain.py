@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flexigpt.storage.registry import NotExportable
+from flexigpt.storage.registry import ROLES, NotExportable
 
 if TYPE_CHECKING:  # transformers itself is imported on first use
     from transformers import PreTrainedModel
@@ -57,7 +57,7 @@ def plain_model(loaded: Any, unshare: bool = False) -> tuple[PreTrainedModel, st
     reason = plain_mismatch(model)
     if reason is None:
         return model, "already a stock checkpoint: copied"
-    method = manifest.method if manifest else "dense"
+    method = manifest.method if manifest else ROLES.reference
     spec = get_method(method) if manifest else None
     if spec is None or spec.plain is None:
         raise NotExportable(f"{method}: not a stock architecture ({reason})")
@@ -113,7 +113,7 @@ def export_plain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         manifest = loaded.manifest
         record = {"source": str(model_dir.resolve()),
                   "source_manifest_hash": manifest_hash(manifest) if manifest else None,
-                  "method": manifest.method if manifest else "dense", "how": how,
+                  "method": manifest.method if manifest else ROLES.reference, "how": how,
                   "architecture": type(back).__name__, "dtype": dtype,
                   "parameters": count_parameters(back),
                   "source_parameters": count_parameters(loaded.model),

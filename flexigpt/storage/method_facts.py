@@ -77,6 +77,9 @@ class MethodFacts:
             (:mod:`flexigpt.export.standalone` assembles the fragments into the one file a
             published checkpoint carries); None: its checkpoints are stock, or have no
             standalone form.
+        roles: the parts of the paper's protocol it plays (``"reference"``, ``"subject"``,
+            ``"comparator"``, ``"skip"``, ``"extension"``: :class:`flexigpt.storage.registry.Roles`);
+            each role is declared by exactly one method.
         order: its place in every table (rows follow ascending ``order``; the registry is
             sorted by it).
     """
@@ -101,6 +104,7 @@ class MethodFacts:
     section: str = "methods"
     tiny_options: tuple[tuple[str, Any], ...] = ()
     replay: str | None = None
+    roles: tuple[str, ...] = ()
     order: int = 1000
 
     @property

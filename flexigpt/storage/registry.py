@@ -241,8 +241,9 @@ def tiny_options(name: str, n_blocks: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Roles:
-    """Which registry key plays each part of the paper's protocol. The tables and the DAG's
-    table sections read these roles, never a method key, so a new method needs no table code.
+    """Which registry key plays each part of the paper's protocol, as the methods declare it
+    (``MethodFacts.roles``, :func:`declared_roles`). The tables and the DAG's table sections
+    read these roles, never a method key, so a new method needs no table code.
 
     Attributes:
         reference: the uncompressed model every ratio and accuracy is measured against.
@@ -251,13 +252,16 @@ class Roles:
         comparator: its like-for-like baseline (Table 1's matched pair, the paired
             comparisons, the budget ladder's trend): the same blocks removed, the same
             trainable count and tokens, nothing put in their place.
+        skip: the one-shot block-removal baseline whose compressed model the subject's start
+            stage is compared with (claim (e): FlexiGPT's start PPL against ShortGPT's).
         extension: the extension (Table 5: the model grown by weight-shared repeats).
     """
 
-    reference: str = "dense"
-    subject: str = "flexigpt"
-    comparator: str = "shortgpt_lora"
-    extension: str = "flexigpt_extend"
+    reference: str
+    subject: str
+    comparator: str
+    skip: str
+    extension: str
 
     def __post_init__(self) -> None:
         missing = [k for k in dataclasses.astuple(self) if k not in METHODS]
@@ -265,8 +269,28 @@ class Roles:
             raise ValueError(f"roles name unknown methods {missing}")
 
 
-#: the protocol's roles (see :class:`Roles`)
-ROLES = Roles()
+def declared_roles(methods: dict[str, MethodFacts]) -> Roles:
+    """The :class:`Roles` the ``methods`` declare (``MethodFacts.roles``).
+
+    Raises:
+        ValueError: a role no method or several methods declare, or an unknown role (named).
+    """
+    roles = [f.name for f in dataclasses.fields(Roles)]
+    claimed: dict[str, list[str]] = {role: [] for role in roles}
+    for key, facts in methods.items():
+        for role in facts.roles:
+            if role not in claimed:
+                raise ValueError(f"method {key!r} declares an unknown role {role!r} "
+                                 f"(known: {roles})")
+            claimed[role].append(key)
+    bad = {role: keys for role, keys in claimed.items() if len(keys) != 1}
+    if bad:
+        raise ValueError(f"each role needs exactly one method declaring it: {bad}")
+    return Roles(**{role: keys[0] for role, keys in claimed.items()})
+
+
+#: the protocol's roles (see :class:`Roles`), from the methods' declarations
+ROLES = declared_roles(METHODS)
 
 
 def is_paper_baseline(method: str, variant: str) -> bool:

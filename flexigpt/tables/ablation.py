@@ -73,7 +73,7 @@ def table4(agg: pd.DataFrame, pub: pd.DataFrame, model: str,
                           dtype=float)
     for i, r in ours.iterrows():
         for stage in STAGES:
-            ref = match_published(pub, (4,), model, "flexigpt", r["variant"], r["ratio"], stage)
+            ref = match_published(pub, (4,), model, ROLES.subject, r["variant"], r["ratio"], stage)
             if ref is not None:
                 deltas.at[i, f"delta_ppl_{stage}"] = r[f"ppl_{stage}"] - ref["ppl"]
     hit = deltas.notna().any(axis=1)

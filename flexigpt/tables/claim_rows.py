@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import TASKS
 from flexigpt.tables.comparisons import Comparator, Diff, key_of
 from flexigpt.tables.decision import (
@@ -125,8 +126,8 @@ def pairs_at(agg: pd.DataFrame, model: str, r: float) -> list[BudgetPair]:
     row says what is missing)."""
     return budget_pairs(agg, model, r) or [
         BudgetPair(round(r, 6), "default", None, None,
-                   key_of(agg, model, "flexigpt", "default", r),
-                   key_of(agg, model, "shortgpt_lora", "default", r))]
+                   key_of(agg, model, ROLES.subject, "default", r),
+                   key_of(agg, model, ROLES.comparator, "default", r))]
 
 
 def budget_fields(pair: BudgetPair) -> dict[str, Any]:

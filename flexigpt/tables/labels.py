@@ -19,12 +19,12 @@ ABLATIONS = {"no_lowrank": "Ablate high-rank prune (no low-rank truncation)",
 #: Display names of named variants, from the registry (others: "<Method> [<variant>]").
 VARIANT_LABELS = {(name, variant): text for name, facts in METHODS.items()
                   for variant, text in facts.variant_labels}
-EXTENSION_LABELS = {("dense", "default"): "Base", ("dense", "trained"):
+EXTENSION_LABELS = {(ROLES.reference, "default"): "Base", (ROLES.reference, "trained"):
                     "Base trained on the same tokens (control)",
-                    ("dense", "trained_lora"):
+                    (ROLES.reference, "trained_lora"):
                     "Base + LoRA with the extension's trainable count (control)",
-                    ("flexigpt_extend", "block"): "FlexiGPT (Block)",
-                    ("flexigpt_extend", "sequential"): "FlexiGPT (Sequential)"}
+                    (ROLES.extension, "block"): "FlexiGPT (Block)",
+                    (ROLES.extension, "sequential"): "FlexiGPT (Sequential)"}
 
 
 def method_label(method: str, variant: str) -> str:

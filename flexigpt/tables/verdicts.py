@@ -74,7 +74,7 @@ _PAPER_BEST = {0.3: 5, 0.4: 6}
 def _paper_ab(pub: pd.DataFrame, r: float, metric: str) -> str:
     """Table 1's FlexiGPT* vs ShortGPT + LoRA* at ``r``; for the average, the reported Δ
     beside the Δ recomputed from the paper's own five task scores when they differ."""
-    a, b = ("flexigpt", "default", r, "final"), ("shortgpt_lora", "default", r, "final")
+    a, b = (ROLES.subject, "default", r, "final"), (ROLES.comparator, "default", r, "final")
     text = paper_pair(pub, 1, PAPER_T1, a, b, metric)
     if metric != "avg" or not text:
         return text
@@ -160,8 +160,8 @@ def claim_c(agg, pub, comp: Comparator, model: str,
 
 def _ablation_checks(agg: pd.DataFrame, model: str, r: float) -> list[tuple]:
     """(claim, A key, B key, direction, stage) of Table 4's orderings at ratio ``r``."""
-    full = {s: key_of(agg, model, "flexigpt", "default", r, s) for s in ("start", "final")}
-    abl = lambda v, s: key_of(agg, model, "flexigpt", v, r, s)  # noqa: E731
+    full = {s: key_of(agg, model, ROLES.subject, "default", r, s) for s in ("start", "final")}
+    abl = lambda v, s: key_of(agg, model, ROLES.subject, v, r, s)  # noqa: E731
     checks = [(f"(d) full method lower final PPL than '{ABLATIONS[v]}'", full["final"],
                abl(v, "final"), "less", "final")
               for v in ("no_lowrank", "no_outnorm", "no_svdinit")]
@@ -220,15 +220,15 @@ def claim_e(agg, pub, comp: Comparator, model: str,
     counts: the paper-protocol pair (same int(ratio·L) blocks) when it was run, and the
     matched-ratio pair (decided only when its block counts agree)."""
     for r in claim_ratios(agg, model):
-        ref = match_published(pub, (4,), PAPER_T1, "flexigpt", "default", r, "start")
-        paper = paper_pair(pub, (4, 1), PAPER_T1, ("flexigpt", "default", r, "start"),
-                       ("shortgpt", "default", r, "final"), "log_ppl")
+        ref = match_published(pub, (4,), PAPER_T1, ROLES.subject, "default", r, "start")
+        paper = paper_pair(pub, (4, 1), PAPER_T1, (ROLES.subject, "default", r, "start"),
+                       (ROLES.skip, "default", r, "final"), "log_ppl")
         paper_a, paper_b = (key_of(agg, model, m, "paper", r, s)
-                            for m, s in (("flexigpt", "start"), ("shortgpt", "final")))
+                            for m, s in ((ROLES.subject, "start"), (ROLES.skip, "final")))
         pairs = [(", paper protocol", paper_a, paper_b)]
         pairs = [p for p in pairs if comp.has(p[1]) and comp.has(p[2])]
-        pairs.append(("", key_of(agg, model, "flexigpt", "default", r, "start"),
-                      key_of(agg, model, "shortgpt", "default", r, "final")))
+        pairs.append(("", key_of(agg, model, ROLES.subject, "default", r, "start"),
+                      key_of(agg, model, ROLES.skip, "default", r, "final")))
         for how, a, b in pairs:
             d = comp.diff(a, b, "log_ppl")
             verdict, note = _e_verdict(d, (_blocks(agg, a), _blocks(agg, b)), ref is not None,
@@ -242,12 +242,12 @@ def claim_e(agg, pub, comp: Comparator, model: str,
 
 def _paper_f(pub: pd.DataFrame, variant: str) -> tuple[int, str]:
     """(k, text) of Table 5: the extension ``variant`` better than the base on k/6."""
-    got = paper_wins(pub, 5, PAPER_T5, ("flexigpt_extend", variant, None),
-                     [("dense", "default", None)])
+    got = paper_wins(pub, 5, PAPER_T5, (ROLES.extension, variant, None),
+                     [(ROLES.reference, "default", None)])
     if got is None:
         return 6, "better on 6/6 (the paper's text)"
-    avg = paper_pair(pub, 5, PAPER_T5, ("flexigpt_extend", variant, None, "final"),
-                     ("dense", "default", None, "final"), "avg")
+    avg = paper_pair(pub, 5, PAPER_T5, (ROLES.extension, variant, None, "final"),
+                     (ROLES.reference, "default", None, "final"), "avg")
     won, lost = got
     lost_text = f" (not {'; '.join(lost)})" if lost else ""
     return won, f"Avg {avg}; better on {won}/6{lost_text}" if avg else f"better on {won}/6"
@@ -262,9 +262,9 @@ def claim_f(agg, pub, comp: Comparator, model: str,
              ("trained_lora", "Base + LoRA (control)")]
     for variant in ("block", "sequential"):
         need, paper_text = _paper_f(pub, variant)
-        a = key_of(agg, model, "flexigpt_extend", variant, None)
+        a = key_of(agg, model, ROLES.extension, variant, None)
         for dv, name in bases:
-            b = key_of(agg, model, "dense", dv, 0.0)
+            b = key_of(agg, model, ROLES.reference, dv, 0.0)
             if comp.has(a) and comp.has(b):
                 per, diffs = decide_benchmarks(comp, a, [b], rules)
             else:

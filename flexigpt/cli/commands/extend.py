@@ -87,6 +87,7 @@ def check_fits(model: str, layers: int, rank: int | None, dtype: str,
 
 def run(args: argparse.Namespace) -> int:
     from flexigpt.api.compression import compress
+    from flexigpt.storage.registry import ROLES
 
     check_flags(args)
     check_fits(args.model, args.layers, args.rank, args.dtype)
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         options["span"] = parse_span(args.span)
     if args.rank is not None:
         options["rank"] = args.rank
-    manifest = compress("flexigpt_extend", args.model, args.out, options=options,
+    manifest = compress(ROLES.extension, args.model, args.out, options=options,
                         seed=args.seed, dtype=args.dtype, force=args.force,
                         device=args.device)
     p, info = manifest.parameters, manifest.info

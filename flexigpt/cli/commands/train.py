@@ -90,13 +90,13 @@ def check_something_to_train(model: str, cfg: object) -> None:
 
     from flexigpt.runtime.training.config import resolve_plan
     from flexigpt.storage.artifacts import read_manifest
-    from flexigpt.storage.registry import get_method
+    from flexigpt.storage.registry import ROLES, get_method
 
     if (Path(model) / "manifest.json").is_file():
         plan = resolve_plan(cfg, read_manifest(model))  # type: ignore[arg-type]
         recipe, source = plan.recipe, plan.sources.get("recipe", "config")
     else:
-        recipe = getattr(cfg, "recipe", None) or get_method("dense").recovery
+        recipe = getattr(cfg, "recipe", None) or get_method(ROLES.reference).recovery
         source = "config" if getattr(cfg, "recipe", None) else "method"
     if recipe == "none":
         where = "--recipe none" if source == "config" else f"the {source}'s recipe is 'none'"

@@ -4,5 +4,5 @@ from flexigpt.storage.method_facts import ALL_FAMILIES, MethodFacts
 
 METHODS = {
     "dense": MethodFacts("flexigpt.methods.dense.method:METHOD", "Dense", calibration=False,
-                         timed=True, families=ALL_FAMILIES, order=0),
+                         timed=True, families=ALL_FAMILIES, roles=("reference",), order=0),
 }

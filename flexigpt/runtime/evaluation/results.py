@@ -62,6 +62,7 @@ from flexigpt.runtime.evaluation.zeroshot import BACKENDS, lm_config, make_lm, r
 from flexigpt.runtime.training.recipe_table import uses_own_lr
 from flexigpt.storage import artifacts
 from flexigpt.storage.manifest import manifest_hash
+from flexigpt.storage.registry import ROLES
 
 if TYPE_CHECKING:
     from flexigpt.storage.manifest import Manifest
@@ -196,7 +197,7 @@ def _result_head(model_dir: str | os.PathLike, model: Any, manifest: Manifest | 
     (``perplexity`` None and ``tasks`` empty, filled by :func:`evaluate_model`)."""
     return {
         "schema": SCHEMA, "model_dir": str(model_dir),
-        "method": manifest.method if manifest else "dense",
+        "method": manifest.method if manifest else ROLES.reference,
         "manifest_hash": manifest_hash(manifest) if manifest else None,
         "num_layers": int(model.config.num_hidden_layers),
         "parameters": parameters_block(model, manifest),

@@ -36,6 +36,7 @@ from flexigpt.runtime.training.recipe_table import RECIPE_FACTS
 from flexigpt.runtime.training.recipes import RecipeReport, apply_recipe
 from flexigpt.storage.artifacts import LoadedModel, load_compressed
 from flexigpt.storage.manifest import Manifest, manifest_hash
+from flexigpt.storage.registry import ROLES
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ def rung_record(state: TrainState, cfg: TrainConfig, plan: dict[str, Any],
 def dense_manifest(model: torch.nn.Module, base: str | None, seed: int) -> Manifest:
     """Manifest for a plain HF checkpoint: the ``dense`` method, nothing removed."""
     n = count_parameters(model)
-    return Manifest.new("dense", config={}, base_model=base, structure={}, info={},
+    return Manifest.new(ROLES.reference, config={}, base_model=base, structure={}, info={},
                         dense_params=n, compressed_params=n, calibration=None, seed=seed,
                         dtype="float32")
 

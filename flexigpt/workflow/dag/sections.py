@@ -224,14 +224,14 @@ def add_extension(build: GridBuild, ext: dict[str, Any], model_path: str) -> Non
         options = {"layers": ext["layers"], "pattern": pattern}
         if ext["span"]:
             options["span"] = list(ext["span"])
-        build.add(Run(ext_key, "flexigpt_extend", pattern, setting, options=options,
+        build.add(Run(ext_key, ROLES.extension, pattern, setting, options=options,
                       recovery=True, tokens=tokens, table="extension", **common))
-    build.add(Run(ext_key, "dense", "default", "full", table="dense", **common))
+    build.add(Run(ext_key, ROLES.reference, "default", "full", table="dense", **common))
     if ext["control"]:
-        build.add(Run(ext_key, "dense", "trained", "full", recovery=True, recipe="full",
+        build.add(Run(ext_key, ROLES.reference, "trained", "full", recovery=True, recipe="full",
                       tokens=tokens, table="extension", **common))
     if ext["lora_control"]:
-        build.add(Run(ext_key, "dense", "trained_lora", "full", recovery=True, recipe="lora",
+        build.add(Run(ext_key, ROLES.reference, "trained_lora", "full", recovery=True, recipe="lora",
                       tokens=tokens, table="extension",
-                      budget=(ext_key, "flexigpt_extend", ext["patterns"][0], setting),
+                      budget=(ext_key, ROLES.extension, ext["patterns"][0], setting),
                       **common))
