@@ -86,7 +86,7 @@ def test_roles_come_from_the_declarations_one_method_each():
 
     from flexigpt.storage.registry import METHODS, ROLES, Roles, declared_roles
 
-    assert ROLES == declared_roles(METHODS)
+    assert declared_roles(METHODS) == ROLES
     for role, key in vars(ROLES).items():
         assert role in METHODS[key].roles
     twice = {**METHODS, "other": replace(METHODS[ROLES.subject], label="Other")}
