@@ -263,11 +263,6 @@ class Roles:
     skip: str
     extension: str
 
-    def __post_init__(self) -> None:
-        missing = [k for k in dataclasses.astuple(self) if k not in METHODS]
-        if missing:
-            raise ValueError(f"roles name unknown methods {missing}")
-
 
 def declared_roles(methods: dict[str, MethodFacts]) -> Roles:
     """The :class:`Roles` the ``methods`` declare (``MethodFacts.roles``).
