@@ -1,6 +1,7 @@
-"""Measure the ShortGPT / ShortGPT+LoRA / LLM-Pruner baselines on a real checkpoint.
+"""Measure the paper's Table 1 baselines that take a ratio policy on a real checkpoint.
 
-For every method × ratio: compress through ``flexigpt.api.compression.compress`` (the path behind
+By default the methods are those of :func:`policy_baselines` (ShortGPT, ShortGPT + LoRA and
+LLM-Pruner today); ``--methods`` names others. For every method × ratio: compress through ``flexigpt.api.compression.compress`` (the path behind
 ``flexigpt compress``), reload with ``load_compressed``, and record the achieved parameter
 ratio (``count_parameters``, embeddings and head included), the pruning time and the
 held-out perplexity before recovery (``token_windows`` on the validation text: the first
@@ -19,6 +20,7 @@ Example (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import tempfile
@@ -37,9 +39,16 @@ from flexigpt.methods.perplexity import perplexity  # noqa: E402
 from flexigpt.storage.artifacts import load_compressed, read_manifest  # noqa: E402
 from flexigpt.storage.manifest import Manifest  # noqa: E402
 from flexigpt.storage.models.loading import load_model  # noqa: E402
-from flexigpt.storage.registry import get_method  # noqa: E402
+from flexigpt.storage.registry import METHODS, ROLES, get_method, is_paper_baseline  # noqa: E402
 
 log = logging.getLogger("bench_baselines")
+
+
+def policy_baselines() -> list[str]:
+    """The paper's Table 1 baselines (``MethodFacts.paper_variants``) whose options have a
+    block-count ``policy``, in table order."""
+    return [key for key in METHODS if is_paper_baseline(key, "default")
+            and "policy" in {f.name for f in dataclasses.fields(get_method(key).config_cls)}]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,7 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=str(ROOT / "resources/models/smollm2-135m"))
     p.add_argument("--calibration", default=str(ROOT / "resources/text/wiki/train.txt"))
     p.add_argument("--validation", default=str(ROOT / "resources/text/wiki/validation.txt"))
-    p.add_argument("--methods", nargs="+", default=["shortgpt", "shortgpt_lora", "llm_pruner"])
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="registry keys (default: the paper's baselines with a policy option)")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.3, 0.4])
     p.add_argument("--policy", default="matched", help="policy option of every method")
     p.add_argument("--n-calibration", type=int, default=64)
@@ -111,9 +121,9 @@ def run_one(method: str, ratio: float, work: Path, val: torch.Tensor,
         "wall_seconds_incl_load_save": round(wall, 2),  # ~0 when reused
         "ppl_before_recovery": perplexity(load_compressed(out).model, val, batch_size=4),
     }
-    if method.startswith("shortgpt"):
+    if "removed_blocks" in info:  # a block-removal method
         row["removed_blocks"] = info["removed_blocks"]
-    if method == "llm_pruner":
+    if "head_fraction" in info:  # a width-pruning method's group fractions
         row["structure"] = {k: manifest.structure[k] for k in
                             ("num_attention_heads", "num_key_value_heads", "intermediate_size")}
         row["fractions"] = [info["head_fraction"], info["ffn_fraction"]]
@@ -134,13 +144,14 @@ def run_one(method: str, ratio: float, work: Path, val: torch.Tensor,
 
 def _budget(method: str, args: argparse.Namespace) -> int:
     """Recovery tokens a row of ``method`` gets under ``args`` (0: not trained)."""
-    if method == "dense" or get_method(method).recovery == "none":
+    if method == ROLES.reference or get_method(method).recovery == "none":
         return 0
     return args.recover_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.methods = args.methods or policy_baselines()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     out = Path(args.json) if args.json else None
@@ -156,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_model(args.model)[1]
     val = token_windows(args.validation, tokenizer, args.ppl_seq_len, args.ppl_windows)
-    if not any(r["method"] == "dense" for r in rows):
+    if not any(r["method"] == ROLES.reference for r in rows):
         dense = load_model(args.model)[0]
-        rows.insert(0, {"method": "dense", "ratio": 0.0, "policy": None, "achieved_ratio": 0.0,
+        rows.insert(0, {"method": ROLES.reference, "ratio": 0.0, "policy": None, "achieved_ratio": 0.0,
                         "ppl_before_recovery": perplexity(dense, val, batch_size=4)})
         log.info("%s", json.dumps(rows[0]))
         del dense

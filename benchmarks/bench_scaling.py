@@ -9,7 +9,8 @@ threshold so that freed memory leaves the RSS) of:
 - ``block_influence``, ``truncation``, ``distances``, ``surgery_init``: FlexiGPT's stages
   (:func:`flexigpt.methods.flexigpt.prune.compress`, its own ``info["timings"]``; one RSS peak for
   the four);
-- ``slicegpt``, ``llm_pruner``: the baselines' whole compression at the same ratio;
+- ``slicegpt``, ``llm_pruner``: the whole compression at the same ratio of every method
+  that declares its FLOP per calibration token (``MethodFacts.calibration_flop``);
 - ``train_step``: one optimizer step of the FlexiGPT recovery (recipe ``flexigpt``: LoRA +
   γ of the replacement blocks, the real trainer loop) at ``micro_batch × seq_len`` tokens;
 - ``eval_forward``: an inference forward over ``eval_batch × eval_seq_len`` tokens (what
@@ -59,6 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 from benchmarks.scaling_report import markdown, plot, write_outputs  # noqa: E402
 from flexigpt.core.params import count_parameters  # noqa: E402
 from flexigpt.runtime.generation.measure import PeakRSS  # noqa: E402
+from flexigpt.storage.registry import METHODS, ROLES  # noqa: E402
 
 log = logging.getLogger("bench_scaling")
 
@@ -81,11 +83,15 @@ PAPER = {
     "eval_tokens": (2376 * 4 + 1172 * 4 + 1838 * 2 + 1267 * 2 + 10042 * 4) * 64,
 }
 
-STAGES_CALIB = ("block_influence", "slicegpt", "llm_pruner")  # scale with calibration tokens
+#: the methods whose whole compression is a stage here (their own FLOP per calibration token
+#: and dense parameter declared), in table order
+BASELINE_STAGES = {key: facts.calibration_flop for key, facts in METHODS.items()
+                   if facts.calibration_flop is not None}
+STAGES_CALIB = ("block_influence", *BASELINE_STAGES)  # scale with calibration tokens
 #: FLOP per token and dense parameter of the matmul-bound stages (forward 2·P; a backward
 #: through every block adds 2·P for activation gradients, 2·P more with weight gradients)
-FLOP_PER_TOKEN_PARAM = {"block_influence": 2, "eval_forward": 2, "slicegpt": 2,
-                        "llm_pruner": 6, "train_step": 4}
+FLOP_PER_TOKEN_PARAM = {"block_influence": 2, "eval_forward": 2, **BASELINE_STAGES,
+                        "train_step": 4}
 
 
 def llama_config(shape: str) -> Any:
@@ -170,13 +176,15 @@ def train_step(model: torch.nn.Module, info: dict[str, Any], seq_len: int, micro
     from flexigpt.runtime.training.loop import run_loop
     from flexigpt.runtime.training.recipes import apply_recipe
     from flexigpt.storage.manifest import Manifest
+    from flexigpt.storage.registry import get_method
 
     cfg = TrainConfig(tokens=steps * micro_batch * seq_len, seq_len=seq_len,
                       micro_batch=micro_batch, global_batch=micro_batch, warmup=0,
-                      warmup_min_steps=0, checkpoint_every=0, recipe="flexigpt",
+                      warmup_min_steps=0, checkpoint_every=0,
+                      recipe=get_method(ROLES.subject).recovery,
                       eval_windows=None, device="cpu")
     n = count_parameters(model)
-    manifest = Manifest.new("flexigpt", config={}, base_model=None, structure={}, info=info,
+    manifest = Manifest.new(ROLES.subject, config={}, base_model=None, structure={}, info=info,
                             dense_params=n, compressed_params=n, calibration=None, seed=0,
                             dtype="float32")
     plan = resolve_plan(cfg, manifest)
@@ -232,7 +240,7 @@ def measure_size(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     log.info("%s eval_forward %s", shape, row["stages"]["eval_forward"])
     compressed, info, stages = flexigpt_stages(model, calib, args.ratio, None, args.svd)
     row["stages"].update(stages)
-    row["flexigpt"] = {"pruned_blocks": info["pruned_blocks"], "k": info["k"],
+    row[ROLES.subject] = {"pruned_blocks": info["pruned_blocks"], "k": info["k"],
                        "base_map": info["base_map"], "svd": args.svd,
                        "rechecked": info.get("svd_rechecked", {}),
                        "flat_fallback": info.get("svd_flat_fallback", False),
@@ -242,7 +250,7 @@ def measure_size(shape: str, args: argparse.Namespace) -> dict[str, Any]:
                                              args.train_micro_batch, vocab)
     log.info("%s train_step %s", shape, row["stages"]["train_step"])
     del compressed
-    for method in ("slicegpt", "llm_pruner"):
+    for method in BASELINE_STAGES:
         row["stages"][method] = baseline_stage(method, model, calib, args.ratio)
         log.info("%s %s %s", shape, method, row["stages"][method])
     return row

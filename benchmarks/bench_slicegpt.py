@@ -102,29 +102,31 @@ def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from baselines.slicegpt.method import METHOD
     from flexigpt.api.compression import compress
     from flexigpt.methods.calibration import token_windows
     from flexigpt.methods.perplexity import perplexity
     from flexigpt.storage.artifacts import load_compressed
     from flexigpt.storage.models.loading import load_model
+    from flexigpt.storage.registry import ROLES
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_slicegpt-"))
     dense, tok = load_model(args.model)
     val = token_windows(args.validation, tok, args.ppl_seq_len, args.ppl_windows)
     dense_params = count_parameters(dense)
-    rows = [{"model": "dense", "parameters": dense_params,
+    rows = [{"model": ROLES.reference, "parameters": dense_params,
              "ppl": round(perplexity(dense, val, batch_size=4), 3)}]
     log.info("%s", rows[-1])
     del dense
     for ratio in args.ratios:
-        out = work / f"slicegpt-{ratio}"
+        out = work / f"{METHOD.name}-{ratio}"
         start, cpu = time.perf_counter(), time.process_time()
-        manifest = compress("slicegpt", args.model, out, {"ratio": ratio, "head": args.head},
+        manifest = compress(METHOD.name, args.model, out, {"ratio": ratio, "head": args.head},
                             calibration=args.calibration, n_calibration=args.n[0],
                             calibration_seq_len=args.seq_len, seed=args.seed)
         info = manifest.info
         loaded = load_compressed(out)
-        row = {"model": f"slicegpt {ratio}", "head": info["head"], "width": info["width"],
+        row = {"model": f"{METHOD.name} {ratio}", "head": info["head"], "width": info["width"],
                "slicing_fraction": info["slicing_fraction"],
                "parameters": manifest.parameters.compressed,
                "achieved_ratio": round(manifest.parameters.achieved_ratio, 4),
@@ -134,7 +136,7 @@ def quality(args: argparse.Namespace) -> list[dict[str, Any]]:
                "process_peak_rss_mib": info["process_peak_rss_mib"],
                "ppl": round(perplexity(loaded.model, val, batch_size=4), 3)}
         if args.rft_tokens:
-            row.update(rft(out, work / f"slicegpt-{ratio}-rft", val, args))
+            row.update(rft(out, work / f"{METHOD.name}-{ratio}-rft", val, args))
         rows.append(row)
         log.info("%s", row)
     return rows

@@ -60,6 +60,7 @@ from flexigpt.runtime.training.data import WindowStream  # noqa: E402
 from flexigpt.runtime.training.loop import run_loop  # noqa: E402
 from flexigpt.runtime.training.recipes import apply_recipe  # noqa: E402
 from flexigpt.storage.artifacts import load_compressed, read_manifest  # noqa: E402
+from flexigpt.storage.registry import ROLES, get_method  # noqa: E402
 
 log = logging.getLogger("bench_train")
 
@@ -106,10 +107,12 @@ def macs_per_token(model: torch.nn.Module, seq_len: int) -> dict[str, int]:
             "backward_attention": per_block_attn * (len(blocks) - first)}
 
 
-#: recovery recipe of each measured method: FlexiGPT's own (LoRA + γ on the replacement
-#: blocks) and ShortGPT + LoRA's (mergeable LoRA on every linear, at FlexiGPT's trainable
-#: count, as Table 1 pairs them)
-RECIPE = {"flexigpt": "flexigpt", "shortgpt": "lora"}
+#: recovery recipe of each measured method, as Table 1 pairs them: the protocol's subject
+#: (FlexiGPT) with its own recipe (LoRA + γ on the replacement blocks), and the one-shot skip
+#: method (ShortGPT) with its like-for-like comparator's recipe (ShortGPT + LoRA: mergeable
+#: LoRA on every linear at the subject's trainable count); the subject sets that budget
+RECIPE = {ROLES.subject: get_method(ROLES.subject).recovery,
+          ROLES.skip: get_method(ROLES.comparator).recovery}
 
 
 def ensure_compressed(method: str, model: str, text: str, ratio: float, out: Path,
@@ -188,7 +191,7 @@ def main() -> int:
     p.add_argument("--model", default="resources/models/smollm2-135m")
     p.add_argument("--text", default="resources/text/wiki/train.txt")
     p.add_argument("--ratio", type=float, default=0.3)
-    p.add_argument("--methods", nargs="+", default=["flexigpt"], choices=sorted(RECIPE),
+    p.add_argument("--methods", nargs="+", default=[ROLES.subject], choices=sorted(RECIPE),
                    help="recovery recipes measured, interleaved per variant (shortgpt: "
                         "ShortGPT + LoRA at FlexiGPT's trainable count)")
     p.add_argument("--policy", choices=("paper", "matched"), default="paper",
@@ -220,11 +223,12 @@ def main() -> int:
     peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     log.info("matmul peak: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s",
              peak["fp32"] / 1e9, peak["bf16"] / 1e9)
-    methods = sorted(args.methods, key=lambda m: m != "flexigpt")  # FlexiGPT sets the budget
+    subject = ROLES.subject
+    methods = sorted(args.methods, key=lambda m: m != subject)  # the subject sets the budget
     dirs: dict[str, Path] = {}
     for m in methods:  # FlexiGPT first: under matched, ShortGPT matches its achieved ratio
-        match = (achieved_ratio(dirs["flexigpt"])
-                 if args.policy == "matched" and m != "flexigpt" and "flexigpt" in dirs else None)
+        match = (achieved_ratio(dirs[subject])
+                 if args.policy == "matched" and m != subject and subject in dirs else None)
         dirs[m] = ensure_compressed(m, args.model, args.text, args.ratio, Path(
             args.compressed.format(method=m, ratio=args.ratio, policy=args.policy)),
             args.policy, match)
@@ -239,7 +243,7 @@ def main() -> int:
                 row = {**run_variant(args, v, method, dirs[method], budget, peak),
                        "reuse_memory": flag}
                 results.append(row)
-                if method == "flexigpt" and "trainable_parameters" in row:
+                if method == subject and "trainable_parameters" in row:
                     budget = row["trainable_parameters"]
                 out = write(args, peak, results)  # after every run: partial runs keep results
     print(json.dumps(out, indent=1))
@@ -253,7 +257,7 @@ def run_variant(args: argparse.Namespace, v: dict[str, Any], method: str, model_
                       seq_len=args.seq_len, micro_batch=v["micro_batch"],
                       global_batch=v["micro_batch"], bf16=v["bf16"], warmup=0,
                       checkpoint_every=0, recipe=RECIPE[method], compile=v["compile"],
-                      lora_budget=budget if method != "flexigpt" else None)
+                      lora_budget=budget if method != ROLES.subject else None)
     tag = (f"{method}.{v['bf16']}{v['micro_batch']}{'c' if v['compile'] else ''}"
            f"{'' if memory.REUSE else '.noreuse'}")
     profile = Path(f"{args.out}.{tag}.profile.txt") if args.profile else None

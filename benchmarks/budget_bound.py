@@ -34,9 +34,11 @@ import sys
 from pathlib import Path
 
 from flexigpt.core.fileio import atomic_write_text
+from flexigpt.storage.registry import ROLES
 
-#: the bench_train method whose recipe each of the DAG's recovered methods trains
-BENCH_METHOD = {"flexigpt": "flexigpt", "shortgpt_lora": "shortgpt"}
+#: the bench_train method whose recipe each of the DAG's recovered methods trains: the
+#: subject its own, the comparator the one-shot skip method's model trained by its recipe
+BENCH_METHOD = {ROLES.subject: ROLES.subject, ROLES.comparator: ROLES.skip}
 
 
 def trained_tokens(records: Path) -> list[dict]:
@@ -62,7 +64,8 @@ def flops_per_token(bench: dict) -> dict[str, int]:
     out: dict[str, int] = {}
     for row in bench["variants"]:
         if "train_flops_per_token" in row:
-            out.setdefault(row.get("method", "flexigpt"), int(row["train_flops_per_token"]))
+            # rows of a bench_train that measured only the subject carry no method
+            out.setdefault(row.get("method", ROLES.subject), int(row["train_flops_per_token"]))
     return out
 
 

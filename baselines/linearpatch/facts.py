@@ -8,5 +8,7 @@ METHODS = {
                                variant_labels=(("lora", "LinearPatch + LoRA"),),
                                replacement="Hadamard-rotated channel scaling",
                                families=ALL_FAMILIES, replay="baselines.linearpatch.replay",
-                               order=55),
+                               order=55,
+                               official_check="baselines.linearpatch.official:check",
+                               official_code="chenxinrui-tsinghua/LinearPatch"),
 }

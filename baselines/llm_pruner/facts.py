@@ -7,5 +7,5 @@ METHODS = {
                               tiny_options=TINY_RATIO,
                               variant_labels=(("lora", "LLM-Pruner + LoRA"),),
                               paper_variants=("default", "lora"), families=ALL_FAMILIES,
-                              order=20, replay="baselines.llm_pruner.replay"),
+                              calibration_flop=6, order=20, replay="baselines.llm_pruner.replay"),
 }

@@ -12,5 +12,7 @@ METHODS = {
                              tiny_options=TINY_RATIO, block_count="remove", timed=True,
                              variant_labels=(("lora", "ReplaceMe + LoRA"),),
                              replacement="linear map (folded)",
-                             family_refusals=(("gemma3", MAP_PAST_POST_NORM),), order=40),
+                             family_refusals=(("gemma3", MAP_PAST_POST_NORM),), order=40,
+                             official_check="baselines.replaceme.official:check",
+                             official_code="mts-ai/ReplaceMe"),
 }

@@ -14,5 +14,5 @@ METHODS = {
                             paper_variants=("default", "rft"),
                             structure_defaults=(("head_bias", False),),
                             family_refusals=(("gemma3", SANDWICH_NORMS_BREAK_INVARIANCE),),
-                            embedding_surgery=True, order=10, replay="baselines.slicegpt.replay"),
+                            embedding_surgery=True, calibration_flop=2, order=10, replay="baselines.slicegpt.replay"),
 }

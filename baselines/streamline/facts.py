@@ -7,5 +7,7 @@ METHODS = {
                               tiny_options=(*TINY_RATIO, ("epochs", 1)),
                               timed=True, variant_labels=(("lora", "LLM-Streamline + LoRA"),),
                               replacement="one trained module", families=ALL_FAMILIES,
-                              order=50, replay="baselines.streamline.replay"),
+                              order=50, replay="baselines.streamline.replay",
+                              official_check="baselines.streamline.official:check",
+                              official_code="RUCKBReasoning/LLM-Streamline"),
 }

@@ -77,6 +77,15 @@ class MethodFacts:
             (:mod:`flexigpt.export.standalone` assembles the fragments into the one file a
             published checkpoint carries); None: its checkpoints are stock, or have no
             standalone form.
+        official_check: ``"module:function"`` (in its folder) comparing its own choice rule
+            with its authors' code, for ``benchmarks.check_official``: called as
+            ``(checkout, model, windows, span, batch_size) -> row`` with a checkout of
+            ``official_code`` (a ``same_span`` field in the row); None: nothing to compare.
+        official_code: the repository of its authors' code (``owner/name`` on GitHub).
+        calibration_flop: FLOP its whole compression spends per calibration token and dense
+            parameter (a forward pass 2, forward + backward 6), for the resource plan of
+            ``benchmarks.bench_scaling`` (which times it at every model size); None: not
+            planned there (Block Influence methods are planned by that stage).
         roles: the parts of the paper's protocol it plays (``"reference"``, ``"subject"``,
             ``"comparator"``, ``"skip"``, ``"extension"``: :class:`flexigpt.storage.registry.Roles`);
             each role is declared by exactly one method.
@@ -104,6 +113,9 @@ class MethodFacts:
     section: str = "methods"
     tiny_options: tuple[tuple[str, Any], ...] = ()
     replay: str | None = None
+    official_check: str | None = None
+    official_code: str | None = None
+    calibration_flop: int | None = None
     roles: tuple[str, ...] = ()
     order: int = 1000
 

@@ -25,7 +25,7 @@ from flexigpt.storage.recipe_facts import RecipeFacts
 __all__ = ["ALL_FAMILIES", "FACTS_MODULES", "METHODS", "ROLES", "CompressionResult", "Depth",
            "Method", "MethodFacts", "NotExportable", "RecoveryRecipe", "Roles",
            "UnknownMethodError", "discover_methods", "get_method", "is_paper_baseline",
-           "method_recipes", "methods_in_section", "methods_with", "tiny_options",
+           "load_target", "method_recipes", "methods_in_section", "methods_with", "tiny_options",
            "validate_ratio"]
 
 if TYPE_CHECKING:  # the registry imports nothing heavy (tables read its facts)
@@ -332,6 +332,11 @@ def get_method(name: str) -> Method:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise UnknownMethodError(
             f"unknown method {name!r}{hint} Known methods: {sorted(METHODS)}") from None
+    return load_target(target)
+
+
+def load_target(target: str) -> Any:
+    """The attribute a ``"module:attribute"`` declaration names, its module imported now."""
     module, attr = target.split(":")
     return getattr(importlib.import_module(module), attr)
 
