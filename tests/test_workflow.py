@@ -242,6 +242,39 @@ def test_dag_times_summarises_benchmark_files(tmp_path):
         rule_times(tmp_path / "empty")
 
 
+def test_dag_times_compares_rules_with_another_runs_table(tmp_path, capsys):
+    """``--against``: per rule, another run's jobs and total and the ratio of the totals,
+    only where both ran the same jobs; ``--exclude`` leaves matching jobs out first."""
+    from benchmarks.dag_times import main, read_table
+
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    for job, rule, seconds in (("a/r0.3", "train", 30.0), ("b/r0.4", "train", 10.0),
+                               ("a/r0.3", "compress", 5.0), ("new/r0.3", "compress", 7.0)):
+        (tmp_path / "t" / job).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "t" / job / f"{rule}.tsv").write_text(
+            header + f"{seconds}\t0:00:{int(seconds):02d}\t100.5\t1\t1\t1\t0\t0\t90\t{seconds}\n")
+    other = tmp_path / "other.md"
+    other.write_text("| rule | jobs | total_s | mean_s |\n|:--|--:|--:|--:|\n"
+                     "| train | 2 | 20 | 10 |\n| compress | 2 | 10 | 5 |\n| tables | 1 | 3 | 3 |\n")
+    assert read_table(other).loc["train", "total_s"] == 20
+    out = tmp_path / "cmp.md"
+    assert main(["--timings", str(tmp_path / "t"), "--against", str(other),
+                 "--markdown", str(out)]) == 0
+    table = out.read_text()
+    rows = {ln.split("|")[1].strip(): ln.split("|")[-2].strip() for ln in table.splitlines()
+            if ln.startswith("| ") and "ratio" not in ln}
+    assert rows == {"train": "2", "compress": "1.2"}  # 40 / 20; 12 / 10
+    assert main(["--timings", str(tmp_path / "t"), "--exclude", "^new/", "--against",
+                 str(other), "--markdown", str(out)]) == 0
+    rows = {ln.split("|")[1].strip(): ln.split("|")[-2].strip()
+            for ln in out.read_text().splitlines() if ln.startswith("| ") and "ratio" not in ln}
+    assert rows == {"train": "2", "compress": "nan"}  # 1 job here, 2 there: no ratio
+    assert "over the rules with equal job counts 40 / 20 = 2.00×" in out.read_text()
+    (tmp_path / "bad.md").write_text("no table\n")
+    with pytest.raises(ValueError, match="no dag_times table"):
+        read_table(tmp_path / "bad.md")
+
+
 def test_slurm_profile_reads_account_and_partitions_from_the_environment():
     """The SLURM profile names no site: account and partitions are ``$FLEXIGPT_SLURM_*``
     variables (expanded by Snakemake), each documented in the README and set by the SLURM
