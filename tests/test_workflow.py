@@ -82,6 +82,16 @@ def test_schema_methods_come_from_the_registry():
     filled = _validator().schema["properties"]["methods"]["propertyNames"]["enum"]
     assert filled == [m for m, f in METHODS.items() if f.section == "methods"]
     assert set(filled) == set(METHODS) - {"flexigpt_extend"}
+    protocol = schema["properties"]["paper_protocol"]["properties"]["methods"]["items"]
+    assert protocol == {"type": "string", "x-registry": "block_count"}
+    filled = _validator().schema["properties"]["paper_protocol"]["properties"]["methods"]
+    assert filled["items"]["enum"] == [m for m in filled_methods() if METHODS[m].block_count]
+    assert {"flexigpt", "shortgpt", "shortgpt_lora"} <= set(filled["items"]["enum"])
+
+
+def filled_methods() -> list[str]:
+    """The registry's methods of section "methods", in table order."""
+    return [m for m, f in METHODS.items() if f.section == "methods"]
 
 
 @pytest.mark.parametrize("mutate,message", [

@@ -23,7 +23,7 @@ import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from flexigpt.storage.registry import methods_in_section
+from flexigpt.storage.registry import METHODS, methods_in_section
 from flexigpt.workflow.config_check import ConfigError
 from flexigpt.workflow.dag.defaults import SCHEMA
 
@@ -43,7 +43,12 @@ _BOUNDS = {"minItems": "needs at least {v} item(s)", "maxItems": "holds more tha
 #: ``x-registry`` lists the schema fills from the method registry (``{x-registry: methods}``
 #: becomes ``{enum: [...]}``; JSON Schema ignores the unknown keyword, so Snakemake's own
 #: ``validate`` of the same file accepts any name there and this check is the one that refuses)
-REGISTRY_LISTS = {"methods": lambda: list(methods_in_section("methods"))}
+REGISTRY_LISTS = {
+    "methods": lambda: list(methods_in_section("methods")),
+    # the paper protocol's k = int(ratio·L) applies where a ratio becomes a block count
+    "block_count": lambda: [k for k in methods_in_section("methods")
+                            if METHODS[k].block_count is not None],
+}
 
 
 def filled_schema(node: Any) -> Any:
