@@ -53,8 +53,8 @@ def _seed_twins(base: dict[Key, Run], seeds: list[int], runs: dict[Key, Run],
 
 
 def replicate_runs(runs: dict[Key, Run], spec: dict[str, Any]) -> list[Run]:
-    """Seed replicates of Table 1 runs: ``spec = {"seeds": [1, 2], "runs": ["flexigpt",
-    "shortgpt_lora", "slicegpt/rft"]}`` → for every named run at every ratio and every seed,
+    """Seed replicates of Table 1 runs: ``spec = {"seeds": [1, 2], "runs": ["<method>",
+    "<method>/<variant>"]}`` → for every named run at every ratio and every seed,
     a copy at variant ``<variant>_s<seed>`` with that seed (calibration sample, data order,
     adapter init) and labels of the base variant, so tables average over seeds. A replicate
     reuses the base run's chosen learning rates (no sweep per seed); its ``match`` and
