@@ -216,3 +216,40 @@ def test_autocast_rule_and_bf16_scoring(bench_dir, tiny_checkpoint, text_file, t
     # bf16 changes the numbers a little, never by much on a tiny model
     assert bf16["perplexity"]["value"] != fp32["perplexity"]["value"]
     assert bf16["perplexity"]["value"] == pytest.approx(fp32["perplexity"]["value"], rel=0.05)
+
+
+def test_tasks_skip_lm_evals_environment_report(bench_dir, tiny_checkpoint, monkeypatch):
+    """lm-eval's per-call environment report (``collect_env``: pip, compiler and driver
+    subprocesses) is replaced while a task runs, restored after, and no task spawns a
+    process; the scores do not depend on it."""
+    import subprocess
+
+    import lm_eval.evaluator as evaluator
+
+    from flexigpt.core import memory
+    from flexigpt.runtime.evaluation import zeroshot
+    from flexigpt.storage.artifacts import load_compressed
+
+    original = evaluator.add_env_info, evaluator.get_git_commit_hash
+    with zeroshot.without_environment_report():
+        storage: dict = {}
+        evaluator.add_env_info(storage)
+        assert storage["pretty_env_info"] == zeroshot.NOT_COLLECTED
+        assert evaluator.get_git_commit_hash() == zeroshot.NOT_COLLECTED
+    assert (evaluator.add_env_info, evaluator.get_git_commit_hash) == original
+
+    started: list = []
+
+    def no_process(*args, **kwargs):  # lm-eval catches what collect_env raises: record it
+        started.append(args)
+        raise OSError("no process in this test")
+
+    loaded = load_compressed(tiny_checkpoint)
+    lm = zeroshot.make_lm(loaded.model, loaded.tokenizer, batch_size=4)
+    spec = T.task_specs(["arc_easy"], "local", bench_dir)[0]
+    memory._libc()  # finds glibc once per process (``ldconfig -p``), before the count
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    entry = zeroshot.run_task(lm, spec, limit=3)
+    assert entry["n_docs"] == 3 and 0 <= entry["value"] <= 1
+    assert started == []
+    assert (evaluator.add_env_info, evaluator.get_git_commit_hash) == original

@@ -132,3 +132,17 @@ def test_sweep_resumes_without_retraining(tiny_checkpoint, text_file, tmp_path, 
     assert calls == [] and selection["chosen_trial"] == 0  # every record read back
     train_model(tiny_checkpoint, tmp_path / "ref", small(lr=5e-3), text_file, text_file)
     assert _same(_weights(tmp_path / "ref"), _weights(out))
+
+
+def test_sweep_keeps_one_heap_for_every_trial(tiny_checkpoint, text_file, tmp_path, monkeypatch):
+    """Every trial of a sweep trains inside one ``reuse_freed_memory`` block (a later trial
+    reuses the pages an earlier one faulted in); glibc's defaults come back after it."""
+    from flexigpt.core import memory
+
+    depths = []
+    real = tuning.train_model
+    monkeypatch.setattr(tuning, "train_model",
+                        lambda *a, **k: depths.append(memory._depth) or real(*a, **k))
+    _sweep(tiny_checkpoint, text_file, tmp_path / "trained")
+    assert len(depths) == 3 and all(d >= 1 for d in depths)  # two rungs and the winner
+    assert memory._depth == 0

@@ -14,9 +14,11 @@ the fast scorer and stock ``HFLM`` write the same records.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -124,6 +126,43 @@ def doc_record(task: Any, spec: TaskSpec, sha: str | None, sample: dict[str, Any
     return rec
 
 
+#: what ``simple_evaluate`` puts in its output instead of the environment report
+NOT_COLLECTED = "not collected by flexigpt (the result JSON records its own versions)"
+
+
+@contextlib.contextmanager
+def without_environment_report() -> Iterator[None]:
+    """Inside the block, ``lm_eval.simple_evaluate`` skips its environment report.
+
+    At the end of every call lm-eval adds ``torch.utils.collect_env``'s report (about 55
+    subprocesses: ``pip list``, compiler and driver probes) and ``git`` lookups to its
+    output. Nothing here reads them: a result JSON records its own versions and code hash
+    (:mod:`flexigpt.runtime.evaluation.results`). The report's fields are set to
+    :data:`NOT_COLLECTED`; every score and record is unchanged. Measured on an AMD EPYC
+    (Zen 3, AVX2, fp32 scoring), one thread: the report alone takes 0.50-0.58 s per call;
+    a whole five-task final evaluation of SmolLM2 took 106.5 s before and 93.3 s after
+    (three ABBA pairs, ``benchmarks/ab_jobs.py``,
+    ``results/reference/smollm2-135m/zen3_ab_69f4d0e/``), more than the calls' own time:
+    the process's own CPU time fell by 10.7 s too (forking a process that holds the model
+    and the scorer's heap is the likely cause).
+    """
+    import lm_eval.evaluator as evaluator
+
+    saved = evaluator.add_env_info, evaluator.get_git_commit_hash
+    evaluator.add_env_info = _note_not_collected
+    evaluator.get_git_commit_hash = lambda: NOT_COLLECTED
+    try:
+        yield
+    finally:
+        evaluator.add_env_info, evaluator.get_git_commit_hash = saved
+
+
+def _note_not_collected(storage: dict[str, Any]) -> None:
+    """Stand-in for lm-eval's ``add_env_info``: the same keys, marked not collected."""
+    storage.update(dict.fromkeys(("pretty_env_info", "transformers_version", "lm_eval_version",
+                                  "upper_git_hash"), NOT_COLLECTED))
+
+
 def run_task(lm: Any, spec: TaskSpec, limit: int | None,
              records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Evaluate one task; returns the result JSON's ``tasks.<name>`` entry.
@@ -142,9 +181,11 @@ def run_task(lm: Any, spec: TaskSpec, limit: int | None,
         raise ValueError(f"limit must be a positive int or None, got {limit!r}")
     start = time.perf_counter()
     task = build_task(spec)
-    out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=0, limit=limit,
-                                  log_samples=records is not None, batch_size=lm.batch_size,
-                                  task_manager=task_manager(), **SEEDS)
+    with without_environment_report():
+        out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=0, limit=limit,
+                                      log_samples=records is not None,
+                                      batch_size=lm.batch_size, task_manager=task_manager(),
+                                      **SEEDS)
     seconds = time.perf_counter() - start
     raw = out["results"][spec.name]
     metrics = _metrics(raw)
