@@ -8,11 +8,14 @@ Inputs, all written by the run itself:
   (``Finished jobid: N``);
 * each job's log (its ``log:`` file): the seconds the job reported for its compute —
   training steps (``trained N steps, T tokens in S s``), each zero-shot task and the
-  perplexity pass (``... (S s)``), each forward / decode timing.
+  perplexity pass (``... (S s)``), each forward / decode timing, and every line that ends
+  in ``(compute S s)``: a method's compression, Block Influence, each tuning-split
+  perplexity of a training job (logs from before that convention have none of these, so
+  their compression and tuning evaluations count as overhead).
 
 Per job, **compute** is the sum of those self-reported seconds and **overhead** the rest of
-its wall time (interpreter start, imports, model load, tokenisation, tuning-split
-evaluations, saving). Per rule the table sums them. The **critical path** follows, from the
+its wall time (interpreter start, imports, model load, tokenisation, task construction,
+checkpoints, saving). Per rule the table sums them. The **critical path** follows, from the
 job that finished last, the input-producing job that finished last before it; a gap between
 a job's start and its predecessor's end is time the job waited for a free core.
 
@@ -35,6 +38,7 @@ import pandas as pd
 
 #: self-reported compute seconds in a job log (training, tasks, perplexity, timings).
 COMPUTE = [re.compile(r"trained \d+ steps, \d+ tokens in ([\d.]+)s"),
+           re.compile(r"\(compute ([\d.]+) s\)$"),
            re.compile(r"INFO flexigpt\.(?:runtime\.)?evaluation\.(?:zeroshot|results): .*[(, ]([\d.]+) s\)$"),
            re.compile(r"decode \[\d+/\d+\] .*\(([\d.]+) s\)$")]
 _RUNG = re.compile(r"trial (t\d+): rung at step \d+ after ([\d.]+)s of training")
@@ -193,11 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("."),
                         help="the run's working directory (job logs are relative to it)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the profile")
+    parser.add_argument("--jobs-csv", type=Path, default=None,
+                        help="also write the per-job table (the input of benchmarks.grid_cost)")
     args = parser.parse_args(argv)
     text = report(args.log, args.workdir)
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
+    if args.jobs_csv:
+        jobs = job_frame(parse_log(args.log.read_text(errors="ignore")), args.workdir)
+        jobs.sort_values("jobid").to_csv(args.jobs_csv, index=False)
     return 0
 
 

@@ -6,9 +6,15 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pandas as pd
+import pytest
+import yaml
 from conftest import load_benchmark
 
+from flexigpt.workflow.dag.grid import RunGrid
+
 profile = load_benchmark("dag_profile")
+grid_cost = load_benchmark("grid_cost")
 
 SNAKEMAKE_LOG = textwrap.dedent("""\
     [Sun Dec  6 12:00:00 2026]
@@ -66,3 +72,100 @@ def test_jobs_compute_and_critical_path(tmp_path: Path):
     assert [(j.rule, wait) for j, wait in path] == [("other", 0.0), ("train", 10.0)]
     text = profile.report(log, tmp_path)
     assert "3 finished jobs" in text and "| train |" in text
+
+
+def test_jobs_csv_is_the_job_frame(tmp_path: Path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs/train.log").write_text(TRAIN_LOG)
+    log = tmp_path / "run.snakemake.log"
+    log.write_text(SNAKEMAKE_LOG)
+    out = tmp_path / "jobs.csv"
+    assert profile.main(["--log", str(log), "--workdir", str(tmp_path),
+                         "--jobs-csv", str(out)]) == 0
+    written = pd.read_csv(out).set_index("jobid")
+    assert written.at[2, "compute_s"] == 370.0 and written.at[2, "rule"] == "train"
+
+
+def _smoke_jobs(rows: list[tuple[str, str, float]]) -> pd.DataFrame:
+    return pd.DataFrame([{"jobid": i, "rule": rule, "job": job, "wall_s": wall}
+                         for i, (rule, job, wall) in enumerate(rows)])
+
+
+def test_grid_cost_charges_each_job_to_the_run_and_table_it_serves(tmp_path: Path):
+    config = yaml.safe_load(Path("config/smoke.yaml").read_text())
+    grid = RunGrid.from_config(config)
+    main_run, ablation = (next(r for r in grid.runs.values() if r.table == table)
+                          for table in ("main", "ablation"))
+
+    def job(run, stage=""):
+        return (f"model={run.model}, method={run.method}, variant={run.variant}, "
+                f"setting={run.setting}{stage}")
+
+    jobs = _smoke_jobs([("compress", job(main_run), 10.0),
+                        ("evaluate", job(main_run, ", stage=final"), 50.0),
+                        ("train", job(ablation), 200.0),
+                        ("block_influence", f"model={main_run.model}", 60.0),
+                        ("tables", "", 20.0)])
+    charged = grid_cost.charge(jobs, grid)
+    assert list(charged["table"]) == ["main", "main", "ablation", "shared", "shared"]
+    per_table = grid_cost.group_cost(charged, ["table"], slots=2)
+    assert per_table.loc["ablation", "job_s"] == 200.0
+    assert per_table.loc["main", "jobs"] == 2 and per_table.loc["main", "runs"] == 1
+    assert per_table.loc["shared", "minutes"] == round(80 / 2 / 60, 1)
+    assert per_table.loc["shared", "runs"] == 0
+    assert list(per_table.index) == ["ablation", "shared", "main"]  # dearest first
+    csv = tmp_path / "jobs.csv"
+    jobs.to_csv(csv, index=False)
+    text = grid_cost.report(csv, config, slots=2)
+    assert "340 job-seconds = 2.8 min on 2 busy slots" in text
+
+
+def test_grid_cost_names_the_runs_a_run_is_an_input_of():
+    grid = RunGrid.from_config(yaml.safe_load(Path("config/smoke.yaml").read_text()))
+    links = grid_cost.run_links(grid)
+    for run in grid.runs.values():
+        if run.compressed_from is not None:
+            source = "/".join(run.compressed_from[1:])
+            assert "/".join(run.key[1:]) in links[source] or links[source].endswith(" runs")
+
+
+def test_grid_cost_refuses_a_profile_of_another_grid(tmp_path: Path):
+    grid = RunGrid.from_config(yaml.safe_load(Path("config/smoke.yaml").read_text()))
+    jobs = _smoke_jobs([("train", "model=tiny-llama, method=nowhere, variant=default, "
+                         "setting=r0.3", 1.0)])
+    with pytest.raises(ValueError, match="different runs"):
+        grid_cost.charge(jobs, grid)
+
+
+def test_compute_lines_of_compression_and_tuning_evaluations_count():
+    text = TRAIN_LOG + (
+        "2026-12-06 12:01:00,000 INFO flexigpt.runtime.training.loop: tune-split perplexity "
+        "80.0000 at step 0 (compute 4.5 s)\n"
+        "2026-12-06 12:10:00,500 INFO flexigpt.runtime.training.runner: tune-split perplexity "
+        "40.0000 after training (compute 5.0 s)\n")
+    assert profile.compute_seconds(text) == 370.0 + 4.5 + 5.0
+    compress = ("2026-12-06 12:00:30,000 INFO flexigpt.api.compression: compressed with m "
+                "(compute 30.0 s)\n")
+    assert profile.compute_seconds(compress) == 30.0
+
+
+def test_ab_jobs_refuses_a_run_without_a_trained_model(tmp_path: Path, capsys):
+    ab_jobs = load_benchmark("ab_jobs")
+    with pytest.raises(SystemExit):
+        ab_jobs.main(["--mode", "train", "--results", str(tmp_path),
+                      "--run", "m/method/variant/r0.3"])
+    assert "no trained/ model" in capsys.readouterr().err
+
+
+def test_ab_jobs_summary_compares_means_and_results():
+    ab_jobs = load_benchmark("ab_jobs")
+
+    def line(code, seconds, sha="s"):
+        return {"mode": "train", "code": code, "job_s": seconds, "cpu_s": seconds,
+                "weights_sha256": sha, "trials": [{"lr": 1.0}]}
+
+    text = ab_jobs.summary([line("before", 100.0), line("after", 80.0), line("after", 90.0),
+                            line("before", 110.0)])
+    assert "| train | `before` | 2 | 100.0, 110.0 | 105.0 | +0.0% | 105.0 | yes |" in text
+    assert "| train | `after` | 2 | 80.0, 90.0 | 85.0 | -19.0% | 85.0 | yes |" in text
+    assert "| NO |" in ab_jobs.summary([line("a", 1.0), line("b", 1.0, sha="other")])

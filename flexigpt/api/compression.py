@@ -98,6 +98,7 @@ def compress(method: str, model_spec: str, out_dir: str | os.PathLike,
         result = spec.compress(model, tokenizer, calib, cfg)
     faults.point("compress:done")
     seconds = time.perf_counter() - start
+    log.info("compressed with %s (compute %.1f s)", method, seconds)
     compressed = count_parameters(result.model)
     check_achieved(method, cfg, compression_ratio(compressed, dense_params), step,
                    accept_ratio_miss)

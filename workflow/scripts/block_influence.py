@@ -1,6 +1,7 @@
 """Block Influence of every block of {model}, computed once and reused by FlexiGPT/ShortGPT."""
 
 import json
+import time
 from typing import Any
 
 from flexigpt.core.devices import model_device
@@ -20,8 +21,10 @@ model, tokenizer = load_model(snakemake.params.model, dtype=cal["dtype"],
                               device=cal.get("device", "cpu"))
 windows = token_windows(snakemake.input.text, tokenizer, cal["seq_len"], cal["n_calibration"],
                         seed=cal["seed"])
+start = time.perf_counter()
 scores = block_influence(model, windows)
-log.info("block influence: %s", [round(s, 4) for s in scores])
+log.info("block influence: %s (compute %.1f s)", [round(s, 4) for s in scores],
+         time.perf_counter() - start)
 atomic_write_text(snakemake.output[0], json.dumps(
     {"block_influence": scores, "calibration": {**cal, "text": snakemake.input.text},
      "device": str(model_device(model))},

@@ -220,9 +220,12 @@ def _evaluate(run: _Run) -> float | None:
     by the main process (None on the others, and without validation windows)."""
     ppl = None
     if run.accelerator.is_main_process and run.val_windows is not None:
+        start = time.perf_counter()
         with torch.autocast(run.accelerator.device.type, dtype=torch.bfloat16,
                             enabled=run.use_bf16):
             ppl = perplexity(run.inner, run.val_windows, batch_size=run.cfg.micro_batch)
+        log.info("tune-split perplexity %.4f at step %d (compute %.1f s)", ppl, run.state.step,
+                 time.perf_counter() - start)
     run.accelerator.wait_for_everyone()
     return ppl
 

@@ -199,9 +199,12 @@ def _conclude(run: _Session, state: TrainState, result: LoopResult | None,
     main = is_main_process()  # with several processes only the main one evaluates and saves
     final_ppl = None
     if run.val is not None and main:
+        start = time.perf_counter()
         with torch.autocast(model_device(model).type, dtype=torch.bfloat16,
                             enabled=_eval_bf16(result)):
             final_ppl = perplexity(model, run.val, batch_size=cfg.micro_batch)
+        log.info("tune-split perplexity %.4f after training (compute %.1f s)", final_ppl,
+                 time.perf_counter() - start)
     state.log[-1]["ppl"] = final_ppl
     entry = _history_entry(run, state, result, merged, final_ppl, wall)
     out_manifest = run.manifest.with_history(entry)
