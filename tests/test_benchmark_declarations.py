@@ -77,3 +77,18 @@ def test_bench_baselines_defaults_to_the_paper_baselines_with_a_policy():
         has_policy = "policy" in {f.name for f in dataclasses.fields(get_method(key).config_cls)}
         assert (key in chosen) == (is_paper_baseline(key, "default") and has_policy), key
     assert ROLES.skip in chosen and ROLES.comparator in chosen
+
+
+def test_one_resolver_for_every_module_attribute_declaration():
+    """Methods and training recipes name their code as ``"module:attribute"``; one function
+    resolves both, and a malformed declaration is refused by name."""
+    from flexigpt.runtime.training.recipe_table import RECIPE_FACTS
+    from flexigpt.storage import recipe_facts, registry, targets
+
+    assert registry.load_target is targets.load_target is recipe_facts.load_target
+    assert load_target("flexigpt.storage.targets:load_target") is targets.load_target
+    for facts in RECIPE_FACTS.values():
+        assert facts.trainable_set() is load_target(facts.implementation)
+    for bad in ("flexigpt.storage.targets", "a:b:c", ":x", "m:"):
+        with pytest.raises(ValueError, match="module:attribute"):
+            load_target(bad)

@@ -14,9 +14,10 @@ recipe's name.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from flexigpt.storage.targets import load_target
 
 if TYPE_CHECKING:
     from torch import nn
@@ -53,8 +54,7 @@ class RecipeFacts:
 
     def trainable_set(self) -> TrainableSet:
         """Its implementation, imported on first use."""
-        module, _, attr = self.implementation.partition(":")
-        found = getattr(importlib.import_module(module), attr)
+        found = load_target(self.implementation)
         if not isinstance(found, TrainableSet):
             raise TypeError(f"recipe {self.name!r}: {self.implementation} is not a TrainableSet")
         return found

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from flexigpt.storage.method_facts import ALL_FAMILIES, Depth, MethodFacts
 from flexigpt.storage.recipe_facts import RecipeFacts
+from flexigpt.storage.targets import load_target
 
 __all__ = ["ALL_FAMILIES", "FACTS_MODULES", "METHODS", "ROLES", "CompressionResult", "Depth",
            "Method", "MethodFacts", "NotExportable", "RecoveryRecipe", "Roles",
@@ -333,12 +334,6 @@ def get_method(name: str) -> Method:
         raise UnknownMethodError(
             f"unknown method {name!r}{hint} Known methods: {sorted(METHODS)}") from None
     return load_target(target)
-
-
-def load_target(target: str) -> Any:
-    """The attribute a ``"module:attribute"`` declaration names, its module imported now."""
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def validate_ratio(ratio: float, what: str = "ratio") -> float:
