@@ -27,7 +27,7 @@ smoke: setup
 
 # lint and types first (a minute), then the suite; the layer contract is tests/test_import_contract.py
 test: setup
-	. $(BIN)/activate && ruff check $(CHECKED) && mypy && python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -m "not slow and not gpu"
+	. $(BIN)/activate && ruff check $(CHECKED) && mypy && python -m pytest -q -n auto --dist loadfile -m "not slow and not gpu"
 
 check: setup
 	. $(BIN)/activate && ruff check $(CHECKED) && mypy && lint-imports && python -m flexigpt.core.import_contract

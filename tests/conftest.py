@@ -28,19 +28,6 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
 
 
-#: the files that run longest (whole DAG runs, fault injection into them, every method's
-#: checkpoint contract): collected first, so that under ``make test``'s ``--dist loadfile
-#: --no-loadscope-reorder`` each starts on a worker of its own at the beginning instead of
-#: leaving one worker busy at the end while the other waits
-LONGEST_FIRST = ("test_smoke_dag.py", "test_fault_injection.py", "test_checkpoints.py")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the :data:`LONGEST_FIRST` files first (in that order), the rest as collected."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 def load_benchmark(name: str):
     """The module ``benchmarks.<name>`` (the benchmark scripts are a package)."""
     return importlib.import_module(f"benchmarks.{name}")
