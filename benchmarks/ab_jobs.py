@@ -3,10 +3,12 @@ with the weights' or scores' fingerprint: run it once per commit (``PYTHONPATH``
 commit's worktree), interleaved, to compare the two commits' job time on the same inputs and
 check that the results are identical (issue 51's before/after figures).
 
-``--mode train`` sweeps the run's LR grid of two trials from its ``compressed/`` model with
-the run's own training config (read from ``trained/manifest.json``) cut to ``--tokens``
-tokens, the rung at half of the steps; ``--mode eval`` scores its ``trained/`` model on the
-perplexity windows and the five zero-shot tasks as the DAG's final evaluation does. One JSON
+The run, its paths and settings come from the config's grid (``--configfile``, run from the
+repository root of a finished DAG run). ``--mode train`` sweeps the run's own tuning grid from
+its ``compressed/`` model with the training config its ``trained/manifest.json`` records, cut
+to ``--tokens`` tokens, the rung at half of the steps; ``--mode eval`` scores its
+``trained/`` model with the grid's final-evaluation parameters on the perplexity test text
+and the zero-shot tasks, as the DAG's ``evaluate`` job does. One JSON
 line per call: the code's path, seconds, process CPU seconds, load average and either the
 kept weights' sha256 and every trial's record, or the scores, perplexity and the records'
 sha256 (documents and windows).
@@ -20,7 +22,7 @@ Example (two worktrees, before and after; alternate the order between pairs)::
 
     for code in /tmp/before /work/main /work/main /tmp/before; do
         PYTHONPATH=$code python benchmarks/ab_jobs.py --mode train \
-            --results results --run smollm2-135m/shortgpt_lora/default/r0.3 >> ab.jsonl
+            --run smollm2-135m/shortgpt_lora/default/r0.3 >> ab.jsonl
     done
     python -m benchmarks.ab_jobs --summary ab.jsonl --markdown ab.md
 """
@@ -32,14 +34,16 @@ import gzip
 import hashlib
 import json
 import resource
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-TASKS = ["arc_easy", "arc_challenge", "piqa", "winogrande", "hellaswag"]
+import yaml
+
+from flexigpt.workflow.dag.grid import RunGrid
+from flexigpt.workflow.dag.runs import Run
 
 
 def _sha256(path: Path) -> str:
@@ -48,16 +52,20 @@ def _sha256(path: Path) -> str:
         return hashlib.sha256(fh.read()).hexdigest()
 
 
-def time_sweep(run_dir: Path, text: Path, tune: Path, tokens: int, lrs: list[float],
-               scratch: Path) -> dict[str, Any]:
-    """The run's recovery recipe swept over ``lrs`` for ``tokens`` tokens (rung at half)."""
+def time_sweep(grid: RunGrid, run: Run, tokens: int, scratch: Path) -> dict[str, Any]:
+    """The run's recovery sweep as the DAG's ``train`` job runs it (its tuning grid's points
+    on the training config its ``trained/`` manifest records), cut to ``tokens`` tokens with
+    the rung at half of the steps."""
     from flexigpt.runtime.training.launch import run_spec
 
-    cfg = json.loads((run_dir / "trained/manifest.json").read_text())["history"][-1]["config"]
+    trained = Path(run.trained_dir) / "manifest.json"
+    cfg = json.loads(trained.read_text())["history"][-1]["config"]
     cfg["tokens"] = tokens
-    spec = {"model": str(run_dir / "compressed"), "out": str(scratch / "trained"),
-            "configs": [{**cfg, "lr": lr} for lr in lrs], "points": [{"lr": lr} for lr in lrs],
-            "text": str(text), "tune": str(tune), "meta": {}, "rung": 0.5, "teacher": None}
+    points = grid.trials(run)
+    spec = {"model": run.compressed_dir, "out": str(scratch / "trained"),
+            "configs": [{**cfg, **point} for point in points], "points": points,
+            "text": grid.train_text, "tune": grid.tune_text, "meta": {}, "rung": 0.5,
+            "teacher": None}
     start = time.perf_counter()
     selection = run_spec(spec)
     seconds = time.perf_counter() - start
@@ -65,17 +73,16 @@ def time_sweep(run_dir: Path, text: Path, tune: Path, tokens: int, lrs: list[flo
             "weights_sha256": _sha256(scratch / "trained/model.safetensors")}
 
 
-def time_evaluation(run_dir: Path, tasks_dir: Path, ppl_text: Path,
-                    scratch: Path) -> dict[str, Any]:
-    """The run's trained model scored as the DAG's final evaluation of the default config."""
+def time_evaluation(grid: RunGrid, run: Run, tasks_dir: str, scratch: Path) -> dict[str, Any]:
+    """The run's trained model scored as the DAG's final evaluation (the grid's
+    ``eval_params``, the perplexity test text)."""
     from flexigpt.runtime.evaluation import evaluate_model
 
     out = scratch / "eval.json"
+    params = grid.eval_params(run, "final")
     start = time.perf_counter()
-    evaluate_model(str(run_dir / "trained"), str(out), tasks=TASKS, tasks_dir=str(tasks_dir),
-                   ppl_text=str(ppl_text), limit=100, source="local", ppl_seq_len=512,
-                   ppl_windows=16, backend="fast", batch_size=16, dtype="float32",
-                   device="cpu", autocast_dtype="auto", labels={})
+    evaluate_model(run.trained_dir, str(out), tasks=params.pop("tasks"), tasks_dir=tasks_dir,
+                   ppl_text=grid.test_text, **params)
     seconds = time.perf_counter() - start
     result = json.loads(out.read_text())
     return {"job_s": seconds, "ppl": result["perplexity"]["value"],
@@ -116,12 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, default=None,
                         help="summarise the JSON lines of earlier calls instead")
     parser.add_argument("--markdown", type=Path, default=None, help="with --summary: write it")
-    parser.add_argument("--results", type=Path, default=Path("results"),
-                        help="the DAG run's results/ folder")
+    parser.add_argument("--configfile", type=Path, default=Path("config/config.yaml"),
+                        help="the config of the DAG run whose models are timed")
     parser.add_argument("--run", help="model/method/variant/setting")
-    parser.add_argument("--resources", type=Path, default=Path("resources"))
     parser.add_argument("--tokens", type=int, default=4096, help="training tokens (train)")
-    parser.add_argument("--lrs", type=float, nargs=2, default=[4e-3, 1.6e-2])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the DAG's 1)")
     args = parser.parse_args(argv)
     if args.summary is not None:
@@ -133,26 +138,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.mode is None:
         parser.error("--mode is required (or --summary)")
+    if args.run is None:
+        parser.error("--run is required with --mode")
+    config = yaml.safe_load(args.configfile.read_text())
+    grid = RunGrid.from_config(config)
+    run = grid.runs.get(tuple(args.run.split("/")))
+    if run is None:
+        parser.error(f"{args.run}: not a run of {args.configfile}'s grid")
+    if not (Path(run.trained_dir) / "manifest.json").is_file():
+        parser.error(f"{run.trained_dir}: no trained/ model (run the DAG's target first)")
     import torch
 
     import flexigpt
 
     torch.set_num_threads(args.threads)
-    if args.run is None:
-        parser.error("--run is required with --mode")
-    run_dir = args.results / args.run
-    if not (run_dir / "trained/manifest.json").is_file():
-        parser.error(f"{run_dir}: no trained/ model (run the DAG's target first)")
-    text = args.resources / "text/wiki"
     with tempfile.TemporaryDirectory() as tmp:
-        scratch = Path(tmp)
         if args.mode == "train":
-            row = time_sweep(run_dir, text / "train.txt", text / "validation.tune.txt",
-                             args.tokens, args.lrs, scratch)
+            row = time_sweep(grid, run, args.tokens, Path(tmp))
         else:
-            row = time_evaluation(run_dir, args.resources / "tasks", text / "validation.txt",
-                                  scratch)
-        shutil.rmtree(scratch / "trained", ignore_errors=True)
+            row = time_evaluation(grid, run, config["data"]["tasks"], Path(tmp))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"mode": args.mode, "run": args.run, "code": flexigpt.__file__, **row,
                       "process_s": time.perf_counter() - begin,

@@ -169,7 +169,11 @@ def critical_path(jobs: dict[int, Job]) -> list[tuple[Job, float]]:
 def report(log: Path, workdir: Path) -> str:
     """The profile as Markdown: per rule, then the critical path."""
     jobs = parse_log(log.read_text(errors="ignore"))
-    frame = job_frame(jobs, workdir)
+    return render(log, jobs, job_frame(jobs, workdir))
+
+
+def render(log: Path, jobs: dict[int, Job], frame: pd.DataFrame) -> str:
+    """:func:`report` of ``log``'s parsed ``jobs`` and their :func:`job_frame`."""
     if frame.empty:
         raise ValueError(f"{log}: no finished job")
     starts = [j.start for j in jobs.values()]
@@ -200,13 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs-csv", type=Path, default=None,
                         help="also write the per-job table (the input of benchmarks.grid_cost)")
     args = parser.parse_args(argv)
-    text = report(args.log, args.workdir)
+    jobs = parse_log(args.log.read_text(errors="ignore"))
+    frame = job_frame(jobs, args.workdir)
+    text = render(args.log, jobs, frame)
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
     if args.jobs_csv:
-        jobs = job_frame(parse_log(args.log.read_text(errors="ignore")), args.workdir)
-        jobs.sort_values("jobid").to_csv(args.jobs_csv, index=False)
+        frame.sort_values("jobid").to_csv(args.jobs_csv, index=False)
     return 0
 
 

@@ -149,12 +149,20 @@ def test_compute_lines_of_compression_and_tuning_evaluations_count():
     assert profile.compute_seconds(compress) == 30.0
 
 
-def test_ab_jobs_refuses_a_run_without_a_trained_model(tmp_path: Path, capsys):
+def test_ab_jobs_refuses_a_run_without_a_trained_model(tmp_path: Path, capsys, monkeypatch):
     ab_jobs = load_benchmark("ab_jobs")
+    config = Path("config/smoke.yaml").resolve()
+    run = next(r for r in RunGrid.from_config(yaml.safe_load(config.read_text())).runs.values()
+               if r.recovery)
+    monkeypatch.chdir(tmp_path)  # no results/ here
     with pytest.raises(SystemExit):
-        ab_jobs.main(["--mode", "train", "--results", str(tmp_path),
-                      "--run", "m/method/variant/r0.3"])
+        ab_jobs.main(["--mode", "train", "--configfile", str(config),
+                      "--run", "/".join(run.key)])
     assert "no trained/ model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab_jobs.main(["--mode", "eval", "--configfile", str(config),
+                      "--run", "m/method/variant/r0.3"])
+    assert "not a run of" in capsys.readouterr().err
 
 
 def test_ab_jobs_summary_compares_means_and_results():
