@@ -4,6 +4,7 @@ at the rung, trains only it to the end, records every trial and resumes after a 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -146,3 +147,85 @@ def test_sweep_keeps_one_heap_for_every_trial(tiny_checkpoint, text_file, tmp_pa
     _sweep(tiny_checkpoint, text_file, tmp_path / "trained")
     assert len(depths) == 3 and all(d >= 1 for d in depths)  # two rungs and the winner
     assert memory._depth == 0
+
+
+SEARCH = {"factor": 2.0, "max_trials": 4, "range": {"lr": [1e-4, 1e-1]}}
+
+
+def _searched(tiny_checkpoint, text_file, out, rung=0.5):
+    """A sweep that starts at one point and brackets it (at most 4 trials)."""
+    return run_sweep(tiny_checkpoint, out, [small(lr=2e-3)], [{"lr": 2e-3}], text_file,
+                     text_file, meta={"run": "m/x/default/r0.3"}, rung=rung, search=SEARCH)
+
+
+@pytest.mark.parametrize("rung", [0.5, 1.0])
+def test_a_search_adds_lattice_neighbours_until_its_choice_is_bracketed(
+        tiny_checkpoint, text_file, tmp_path, rung):
+    """From one start the sweep adds trials one at a time on the ×2 lattice, compares them
+    at the rung (one start is not one trial: the rung still applies), and records the rule,
+    the count and the status; the published model is the chosen trial trained alone."""
+    out = tmp_path / "trained"
+    selection = _searched(tiny_checkpoint, text_file, out, rung)
+    trials = selection["trials"]
+    lrs = [t["lr"] for t in trials]
+    assert lrs[:2] == [2e-3, 1e-3] and 2 <= len(lrs) <= 4 and len(set(lrs)) == len(lrs)
+    assert all(math.log2(lr / 2e-3).is_integer() for lr in lrs)
+    assert selection["rung"]["step"] == (3 if rung < 1 else 6)
+    search = selection["search"]
+    assert search["rule"] == SEARCH and search["trials"] == len(trials)
+    assert search["grid_points"] == 1 and search["axes"] == ["lr"]
+    scores = [t["tune_ppl"] for t in trials]
+    chosen = selection["chosen_trial"]
+    assert scores[chosen] == min(scores)
+    others = sorted(lrs)
+    at = others.index(lrs[chosen])
+    bracketed = 0 < at < len(others) - 1
+    assert (search["status"] == "bracketed") == bracketed, search["status"]
+    if not bracketed:
+        assert "trial cap 4" in search["status"] or "hard range" in search["status"]
+    train_model(tiny_checkpoint, tmp_path / "ref", small(lr=lrs[chosen]), text_file, text_file)
+    assert _same(_weights(tmp_path / "ref"), _weights(out))
+
+
+def test_a_searched_sweep_resumes_without_retraining(tiny_checkpoint, text_file, tmp_path,
+                                                     monkeypatch):
+    """Killed before publishing, a searched sweep proposes the same trials again and reads
+    every one back (the search is a function of the stored scores)."""
+    out = tmp_path / "trained"
+    real = tuning._publish
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("simulated kill before the output appeared")
+
+    monkeypatch.setattr(tuning, "_publish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _searched(tiny_checkpoint, text_file, out)
+    monkeypatch.setattr(tuning, "_publish", real)
+    calls = []
+    original = tuning.train_model
+    monkeypatch.setattr(tuning, "train_model",
+                        lambda *a, **k: calls.append(k) or original(*a, **k))
+    selection = _searched(tiny_checkpoint, text_file, out)
+    assert calls == [] and selection["search"]["trials"] >= 2
+    train_model(tiny_checkpoint, tmp_path / "ref", small(lr=selection["chosen"]["lr"]),
+                text_file, text_file)
+    assert _same(_weights(tmp_path / "ref"), _weights(out))
+
+
+def test_the_rung_check_finishes_every_trial_and_keeps_the_rungs_choice(
+        tiny_checkpoint, text_file, tmp_path):
+    """``finish_all``: every trial scored at the rung is also trained to the end (its final
+    tune PPL recorded) and the published model is still the rung's choice."""
+    plain = _sweep(tiny_checkpoint, text_file, tmp_path / "plain")
+    configs = [small(lr=5e-3), small(lr=1e-6)]
+    points = [{"lr": 5e-3}, {"lr": 1e-6}]
+    checked = run_sweep(tiny_checkpoint, tmp_path / "checked", configs, points, text_file,
+                        text_file, meta={"run": "m/x/default/r0.3", "tune_text": str(text_file),
+                                         "tune_windows": 4, "grid": points},
+                        rung=0.5, finish_all=True)
+    assert checked["chosen_trial"] == plain["chosen_trial"] == 0
+    assert [t["tune_ppl"] for t in checked["trials"]] == [t["tune_ppl"] for t in plain["trials"]]
+    assert all(t["stopped_at_step"] == 6 and t["tune_ppl_final"] is not None
+               for t in checked["trials"])
+    assert plain["trials"][1]["tune_ppl_final"] is None
+    assert _same(_weights(tmp_path / "plain"), _weights(tmp_path / "checked"))

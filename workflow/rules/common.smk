@@ -130,6 +130,16 @@ def train_trials(wildcards):
             for t, point in zip(GRID.trial_ids(run), GRID.trials(run))]
 
 
+def train_search(wildcards):
+    """The bracketing rule the run's sweep extends its grid by (None: the grid as it is)."""
+    return GRID.search(run_of(wildcards))
+
+
+def train_rung_check(wildcards):
+    """Whether the run's sweep also trains every scored trial to the end (tuning.rung_check)."""
+    return GRID.rung_check(run_of(wildcards))
+
+
 def trial_teacher(wildcards):
     run = run_of(wildcards)
     return GRID.model_path(wildcards.model) if run.loss == "kd" else None
@@ -139,7 +149,9 @@ def select_meta(wildcards):
     run = run_of(wildcards)
     return {"run": run.name, "tune_text": GRID.tune_text,
             "tune_windows": GRID.train_params(run).get("eval_windows"),
-            "grid": GRID.trials(run)}
+            "grid": GRID.trials(run),
+            # why it trains at another run's learning rates (absent: it searches its own)
+            **({"lr_reuse": GRID.reuse_reason(run)} if GRID.reuse_reason(run) else {})}
 
 
 def inference_inputs(wildcards):

@@ -13,6 +13,8 @@ rule train:
         trials=train_trials,
         meta=select_meta,
         rung=GRID.tuning_rung,
+        search=train_search,
+        rung_check=train_rung_check,
         teacher=trial_teacher,
         code=code_of("train"),
         processes=TRAIN_PROCESSES,

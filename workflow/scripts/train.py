@@ -26,7 +26,8 @@ configs = [{**t["config"], **shared} for t in trials]
 spec = {"model": snakemake.input.model, "out": snakemake.output.model, "configs": configs,
         "points": [t["point"] for t in trials], "text": snakemake.input.text,
         "tune": snakemake.input.tune, "meta": dict(snakemake.params.meta),
-        "rung": snakemake.params.rung, "teacher": snakemake.params.teacher}
+        "rung": snakemake.params.rung, "teacher": snakemake.params.teacher,
+        "search": snakemake.params.search, "finish_all": snakemake.params.rung_check}
 processes = processes_for(snakemake.params.get("processes"),
                           getattr(snakemake.resources, "gpu", 0))
 if processes > 1:  # data-parallel on the job's GPUs (gloo on CPU), same global batch

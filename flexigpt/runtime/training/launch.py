@@ -30,6 +30,8 @@ from typing import Any
 from flexigpt.runtime.training.config import TrainConfig
 from flexigpt.runtime.training.tuning import run_sweep
 
+#: the keys a spec must have (``search``, the bracketing rule, and ``finish_all``, the rung
+#: check, are optional)
 SPEC_KEYS = ("model", "out", "configs", "points", "text", "tune", "meta", "rung", "teacher")
 
 
@@ -85,7 +87,8 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     configs = [TrainConfig(**c) for c in spec["configs"]]
     return run_sweep(spec["model"], spec["out"], configs, spec["points"], text=spec["text"],
                      tune=spec["tune"], meta=spec["meta"], rung=spec["rung"],
-                     teacher=spec["teacher"])
+                     teacher=spec["teacher"], search=spec.get("search"),
+                     finish_all=bool(spec.get("finish_all")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,10 @@ as successive halving with one rung (Jamieson & Talwalkar 2016): each trial trai
 first ``k = round(rung · n)`` of its ``n`` steps *on the full run's schedule*, is scored by
 its tuning-split perplexity at step k, and only the best continues from its checkpoint to
 step n (the next best if it diverges). ``rung = 1`` trains every trial fully and keeps the
-lowest final tuning perplexity. The chosen trial's model becomes the run's ``trained/``
+lowest final tuning perplexity. With a bracketing rule (``search``: config ``tuning.bracket``,
+:mod:`flexigpt.runtime.training.search`) the grid's points are where the search starts: after
+they are scored it adds trials one at a time (scored the same way) until the best one is
+bracketed on every learning-rate axis, the hard range stops it, or the trial cap does. The chosen trial's model becomes the run's ``trained/``
 directory (hard links) with ``selection.json`` listing every trial (ties: the earlier
 trial). The perplexity test text is never read here.
 
@@ -17,6 +20,7 @@ trial). The perplexity test text is never read here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -35,6 +39,7 @@ from flexigpt.runtime.training.memo import SweepMemo
 from flexigpt.runtime.training.processes import barrier, broadcast_from_main, is_main_process
 from flexigpt.runtime.training.recipe_table import uses_own_lr
 from flexigpt.runtime.training.runner import train_model
+from flexigpt.runtime.training.search import Bracketing, bracket_status, propose
 from flexigpt.storage.artifacts import read_manifest
 
 if TYPE_CHECKING:
@@ -47,6 +52,9 @@ RUNG_FILE = "rung.json"
 FINAL_FILE = "final.json"
 SELECTION_FILE = "selection.json"
 SCHEMA = 1
+#: trial fields a selection lists only where a sweep recorded them (the rung check: a trial
+#: that diverged after the rung while continued beside the chosen one)
+OPTIONAL_TRIAL_KEYS = ("final_diverged",)
 
 
 def trial_record(manifest: Manifest, point: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +129,9 @@ def _selection(meta: dict[str, Any], records: list[dict[str, Any]], best: int) -
             "stopped_at_step", "trainable_params", "tokens", "diverged", "budget")
     return {"schema": SCHEMA, **meta, "metric": "tune_ppl", "chosen_trial": best,
             "chosen": {"lr": records[best]["lr"], "gamma_lr": records[best]["gamma_lr"]},
-            "trials": [{k: r.get(k) for k in keys} for r in records]}
+            "trials": [{**{k: r.get(k) for k in keys},
+                        **{k: r[k] for k in OPTIONAL_TRIAL_KEYS if k in r}}
+                       for r in records]}
 
 
 def _publish(chosen: Path, out_dir: str | os.PathLike, selection: dict[str, Any]) -> None:
@@ -146,9 +156,16 @@ def rung_step(steps: int, trials: int, rung: float) -> int:
 def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
               configs: list[TrainConfig], points: list[dict[str, Any]],
               text: str | os.PathLike, tune: str | os.PathLike, meta: dict[str, Any],
-              rung: float = 0.5, teacher: str | os.PathLike | None = None) -> dict[str, Any]:
+              rung: float = 0.5, teacher: str | os.PathLike | None = None,
+              search: dict[str, Any] | None = None,
+              finish_all: bool = False) -> dict[str, Any]:
     """Train the trials ``configs`` (TrainConfigs, one per grid ``points`` entry) of one run
     and save the best as ``out_dir`` with ``selection.json`` (see the module docstring).
+    ``search`` (a :class:`~flexigpt.runtime.training.search.Bracketing` as a dict): extend
+    the trials until the choice is bracketed; trial i > the grid's is ``configs[0]`` with
+    the proposed learning rates. ``finish_all`` (the rung check): every scored trial also
+    continues to the end and records its final tuning perplexity, so the rung's ranking can
+    be compared with the final one; the choice stays the rung's (the same model).
 
     Scratch space is ``<out_dir>.sweep/t<i>/`` (checkpoints, ``rung.json``,
     ``final.json``, the trial's trained model); it is removed
@@ -158,26 +175,30 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
     Returns:
         The selection record (``rung``: step, steps, fraction; per trial ``tune_ppl`` = the
-        score it was compared by, ``tune_ppl_final`` for trials trained to the end).
+        score it was compared by, ``tune_ppl_final`` for trials trained to the end;
+        ``search``: the rule, the trial count and whether the choice is bracketed).
 
     Raises:
         ValueError: empty grid, trials with different step counts, or no trial that
             finished with a finite tuning perplexity.
     """
     steps = _grid_steps(configs, points)
-    k = rung_step(steps, len(configs), rung)
-    sweep = _Sweep(model_dir, configs, points, text, tune, teacher, steps,
-                   Path(out_dir).with_name(Path(out_dir).name + ".sweep"))
+    # a search scores at least a point and its two neighbours: compare them at the rung
+    k = rung_step(steps, max(len(configs), 3) if search else len(configs), rung)
+    rule = Bracketing.from_dict(search) if search else None
+    sweep = _Sweep(model_dir, list(configs), list(points), text, tune, teacher, steps,
+                   Path(out_dir).with_name(Path(out_dir).name + ".sweep"), rule)
     # one heap for every trial: a later trial reuses the pages an earlier one faulted in
     # (a 2-trial LoRA sweep of SmolLM2, fp32, AMD EPYC Zen 3: 137.7 -> 116.2 s, the same
     # weights; results/reference/smollm2-135m/zen3_ab_69f4d0e/)
     with reuse_freed_memory():
         if k < steps:
-            records, best = _halving(sweep, k)
+            records, best = _halving(sweep, k, finish_all)
         else:
             records, best = _train_all(sweep)
     selection = {**_selection(meta, records, best),
-                 "rung": {"step": k, "steps": steps, "fraction": k / steps}}
+                 "rung": {"step": k, "steps": steps, "fraction": k / steps},
+                 "search": _search_record(sweep, records, best)}
     faults.point("sweep:publish")
     if is_main_process():
         _publish(sweep.trained(best), out_dir, selection)
@@ -185,10 +206,28 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
             stored.unlink()                                    # half-removed model
         shutil.rmtree(sweep.scratch, ignore_errors=True)
     barrier()
-    log.info("chose trial %d of %d (lr %s, gamma_lr %s; tune ppl %.4f at step %d of %d)",
-             best, len(configs), selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
-             records[best]["tune_ppl"], k, steps)
+    log.info("chose trial %d of %d (lr %s, gamma_lr %s; tune ppl %.4f at step %d of %d; %s)",
+             best, len(sweep.configs), selection["chosen"]["lr"],
+             selection["chosen"]["gamma_lr"], records[best]["tune_ppl"], k, steps,
+             selection["search"]["status"])
     return selection
+
+
+def _search_record(sweep: _Sweep, records: list[dict[str, Any]], best: int) -> dict[str, Any]:
+    """The ``search`` entry of a selection: the rule (None: the fixed grid), how many trials
+    were scored, and whether the choice is bracketed on the axes the trials vary or search."""
+    axes = (sweep.rule.axes_of(sweep.points) if sweep.rule else
+            tuple(a for a in ("lr", "gamma_lr")
+                  if len({p.get(a) for p in sweep.points if p.get(a) is not None}) > 1))
+    status = bracket_status(sweep.points, [_score(r) for r in records], best, axes,
+                            rule=sweep.rule)
+    return {"rule": sweep.rule.to_dict() if sweep.rule else None, "trials": len(records),
+            "grid_points": sweep.grid_points, "axes": list(axes), "status": status["status"]}
+
+
+def _score(record: dict[str, Any]) -> float | None:
+    """The score a search compares (None: diverged or not finite)."""
+    return float(record["tune_ppl"]) if _finite_score(record) else None
 
 
 def _grid_steps(configs: list[TrainConfig], points: list[dict[str, Any]]) -> int:
@@ -215,7 +254,27 @@ class _Sweep:
     teacher: str | os.PathLike | None
     steps: int
     scratch: Path
+    rule: Bracketing | None = None
     memo: SweepMemo = field(default_factory=SweepMemo)  # computed once for all trials
+    grid_points: int = 0  # how many of ``points`` the grid gave (the rest: the search)
+
+    def __post_init__(self) -> None:
+        self.grid_points = len(self.points)
+
+    def next_point(self, records: list[dict[str, Any]]) -> int | None:
+        """Append the search's next trial (from the scores of ``records``, one per trial so
+        far) and return its index; None when there is no rule or the search is done."""
+        if self.rule is None:
+            return None
+        point = propose(self.points, [_score(r) for r in records], self.rule)
+        if point is None:
+            return None
+        rates: dict[str, Any] = dict(point)
+        self.configs.append(dataclasses.replace(self.configs[0], **rates))
+        self.points.append({**self.points[0], **point})
+        log.info("search: trial t%d at %s (%d scored)", len(self.points) - 1, point,
+                 len(records))
+        return len(self.points) - 1
 
     def trial_dir(self, i: int) -> Path:
         return self.scratch / f"t{i}"
@@ -249,28 +308,39 @@ class _Sweep:
                        lambda: _final(self.train(i, None), self.points[i]))
 
 
-def _halving(sweep: _Sweep, k: int) -> tuple[list[dict[str, Any]], int]:
+def _halving(sweep: _Sweep, k: int, finish_all: bool = False) -> tuple[list[dict[str, Any]], int]:
     """Successive halving with one rung at step ``k`` < steps: every trial to step k, then
-    the best at the rung to the end (the next best if it diverges).
+    the best at the rung to the end (the next best if it diverges); ``finish_all``: then
+    every other trial scored at the rung to the end too (its ``tune_ppl_final``).
 
     Returns:
         Every trial's record and the index of the one trained to the end.
     """
-    records = [_rung(sweep.trial_dir(i), cfg, sweep.points[i], k, sweep.model_dir,
-                     lambda i=i: sweep.train(i, k))
-               for i, cfg in enumerate(sweep.configs)]
+    def rung(i: int) -> dict[str, Any]:
+        return _rung(sweep.trial_dir(i), sweep.configs[i], sweep.points[i], k,
+                     sweep.model_dir, lambda: sweep.train(i, k))
+
+    records = [rung(i) for i in range(len(sweep.configs))]
+    while (new := sweep.next_point(records)) is not None:
+        records.append(rung(new))
     order = [i for _, i in sorted((r["tune_ppl"], i) for i, r in enumerate(records)
                                   if _finite_score(r))]
     log.info("rung at step %d of %d: tune ppl %s", k, sweep.steps,
              [r.get("tune_ppl") for r in records])
+    chosen = None
     for i in order:
+        if chosen is not None and not finish_all:
+            break
         final = sweep.final(i)
         if final.get("diverged"):  # after the rung: keep its score, mark it diverged
-            records[i] = {**records[i], "diverged": True, "error": final["error"]}
+            mark = {"final_diverged": True} if chosen is not None else {"diverged": True}
+            records[i] = {**records[i], **mark, "error": final["error"]}
             continue
         records[i] = {**records[i], "tune_ppl_final": final["tune_ppl"],
                       "stopped_at_step": sweep.steps, "tokens": final["tokens"]}
-        return records, i
+        chosen = i if chosen is None else chosen
+    if chosen is not None:
+        return records, chosen
     raise ValueError(f"no trial of {len(sweep.configs)} finished with a finite tuning "
                      "perplexity")
 
@@ -283,15 +353,17 @@ def _train_all(sweep: _Sweep) -> tuple[list[dict[str, Any]], int]:
     """
     records: list[dict[str, Any]] = []
     finished: list[int] = []
-    for i, cfg in enumerate(sweep.configs):
-        final = sweep.final(i)
+    i: int | None = 0
+    while i is not None:
+        cfg, final = sweep.configs[i], sweep.final(i)
         if final.get("diverged"):
             records.append(diverged_record(sweep.points[i], cfg.lr, cfg.gamma_lr,
                                            final["error"]))
-            continue
-        records.append({**final, "tune_ppl_final": final["tune_ppl"],
-                        "stopped_at_step": sweep.steps})
-        finished.append(i)
+        else:
+            records.append({**final, "tune_ppl_final": final["tune_ppl"],
+                            "stopped_at_step": sweep.steps})
+            finished.append(i)
+        i = i + 1 if i + 1 < len(sweep.configs) else sweep.next_point(records)
     if not finished:
         raise ValueError(f"no trial of {len(sweep.configs)} finished with a finite tuning "
                          "perplexity")

@@ -24,6 +24,10 @@ from flexigpt.workflow.dag.sections import (
     start_build,
 )
 
+#: tables whose runs reuse another run's learning rates by protocol (``tuning.reuse`` keys,
+#: with ``replicate`` and ``variant``)
+REUSE_TABLES = ("paper_protocol", "kd", "ablation", "budget")
+
 
 @dataclass
 class RunGrid:
@@ -81,6 +85,8 @@ class RunGrid:
                    seed=common["seed"], hub_text=dict(data.get("hub_text") or {}),
                    tuning=dict(config["tuning"]))
         grid.check_references()
+        grid.check_reuse_reasons()
+        grid.check_rung_check()
         check_grid(config, grid)  # options, TrainConfigs, sizes, model paths: as jobs would
         return grid
 
@@ -193,12 +199,76 @@ class RunGrid:
                 trials = [{**t, name: float(v)} for t in trials for v in grid[name]]
         return trials
 
+    def search(self, run: Run) -> dict[str, Any] | None:
+        """The bracketing rule (``tuning.bracket``) the run's sweep extends its grid by: None
+        for a run that reuses another's choice (``lr_from``), has no learning rate to tune,
+        or when the config sets no rule (the grid is then trained as it is)."""
+        rule = self.tuning.get("bracket")
+        if not rule or not run.recovery or run.lr_from is not None:
+            return None
+        if not any(name in trial for trial in self.trials(run) for name in ("lr", "gamma_lr")):
+            return None
+        return dict(rule)
+
+    def rung_check(self, run: Run) -> bool:
+        """Whether the run's sweep continues every scored trial to the end beside the chosen
+        one (``tuning.rung_check`` names its method or method/variant; Table 1 runs only):
+        the rung's ranking is then compared with the final one, the choice unchanged."""
+        if run.table != "main" or (not self.search(run) and len(self.trials(run)) < 2):
+            return False
+        names = set(self.tuning.get("rung_check") or ())
+        return ((run.method in names and run.variant == "default")
+                or f"{run.method}/{run.variant}" in names)
+
+    def reuse_kind(self, run: Run) -> str | None:
+        """Why a run reuses another's learning rates, as a ``tuning.reuse`` key: its table
+        (``paper_protocol``, ``kd``, ``ablation``, ``budget``), ``replicate`` (a seed
+        replicate) or ``variant`` (a variant's own ``lr_from``); None when it sweeps."""
+        if run.lr_from is None:
+            return None
+        if run.table in REUSE_TABLES:
+            return run.table
+        return "replicate" if run.seed != self.seed else "variant"
+
+    def reuse_reason(self, run: Run) -> str | None:
+        """The config's stated reason (``tuning.reuse.<kind>``) why ``run`` trains at another
+        run's chosen learning rates instead of searching its own; None when it searches."""
+        kind = self.reuse_kind(run)
+        return None if kind is None else (self.tuning.get("reuse") or {}).get(kind)
+
+    def check_rung_check(self) -> None:
+        """Every ``tuning.rung_check`` entry names a swept Table 1 run (ValueError)."""
+        for name in self.tuning.get("rung_check") or ():
+            method, _, variant = name.partition("/")
+            if not any(self.rung_check(run) for run in self.runs.values()
+                       if run.method == method and run.variant == (variant or "default")):
+                raise ValueError(f"tuning.rung_check names {name!r}, which is no swept Table 1 "
+                                 "run of the grid")
+
+    def check_reuse_reasons(self) -> None:
+        """Under a bracketing rule every run that reuses another's learning rates says why
+        (``tuning.reuse.<kind>``): a fixed learning rate is that row's protocol, not an
+        omission (ValueError naming the first run without one)."""
+        if not self.tuning.get("bracket"):
+            return
+        for run in self.runs.values():
+            kind = self.reuse_kind(run)
+            if kind is not None and not self.reuse_reason(run):
+                raise ValueError(
+                    f"run {run.name} reuses the learning rates of {'/'.join(run.lr_from or ())} "
+                    f"without a stated reason: set tuning.reuse.{kind} (why a fixed learning "
+                    "rate is this row's protocol), or let the run search its own")
+
     def train_cost_factor(self, run: Run) -> float:
         """A train job's estimated cost relative to one trial at ``training.tokens``: its
         tokens over the default, the losing trials of a sweep counted to the rung (the job
-        priorities of :mod:`flexigpt.core.schedule`)."""
+        priorities of :mod:`flexigpt.core.schedule`); a searched sweep is counted as a
+        point and its two neighbours on every axis."""
         tokens = float(run.tokens or self.training["tokens"])
         trials = len(self.trials(run))
+        if self.search(run):
+            axes = {name for trial in self.trials(run) for name in trial}
+            trials = max(trials, 1 + 2 * len(axes))
         return tokens / float(self.training["tokens"]) * (1 + (trials - 1) * self.tuning_rung)
 
     def trial_ids(self, run: Run) -> list[str]:
