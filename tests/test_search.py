@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flexigpt.runtime.training.search import (
+from flexigpt.core.lr_search import (
     BRACKETED,
     Bracketing,
     bracket_status,
@@ -144,4 +144,7 @@ def test_a_reused_learning_rate_without_a_reason_is_refused():
     with pytest.raises(ValueError, match=r"without a stated reason: set tuning.reuse.kd"):
         RunGrid.from_config(config)
     del config["tuning"]["bracket"]  # the fixed grid of the earlier reference runs
+    with pytest.raises(ValueError, match="rung_check names 'flexigpt', which is no swept"):
+        RunGrid.from_config(config)  # one grid point and no search: nothing to check
+    del config["tuning"]["rung_check"]
     RunGrid.from_config(config)

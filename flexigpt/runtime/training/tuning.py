@@ -8,7 +8,7 @@ first ``k = round(rung · n)`` of its ``n`` steps *on the full run's schedule*, 
 its tuning-split perplexity at step k, and only the best continues from its checkpoint to
 step n (the next best if it diverges). ``rung = 1`` trains every trial fully and keeps the
 lowest final tuning perplexity. With a bracketing rule (``search``: config ``tuning.bracket``,
-:mod:`flexigpt.runtime.training.search`) the grid's points are where the search starts: after
+:mod:`flexigpt.core.lr_search`) the grid's points are where the search starts: after
 they are scored it adds trials one at a time (scored the same way) until the best one is
 bracketed on every learning-rate axis, the hard range stops it, or the trial cap does. The chosen trial's model becomes the run's ``trained/``
 directory (hard links) with ``selection.json`` listing every trial (ties: the earlier
@@ -39,7 +39,7 @@ from flexigpt.runtime.training.memo import SweepMemo
 from flexigpt.runtime.training.processes import barrier, broadcast_from_main, is_main_process
 from flexigpt.runtime.training.recipe_table import uses_own_lr
 from flexigpt.runtime.training.runner import train_model
-from flexigpt.runtime.training.search import Bracketing, bracket_status, propose
+from flexigpt.core.lr_search import Bracketing, bracket_status, propose
 from flexigpt.storage.artifacts import read_manifest
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
               finish_all: bool = False) -> dict[str, Any]:
     """Train the trials ``configs`` (TrainConfigs, one per grid ``points`` entry) of one run
     and save the best as ``out_dir`` with ``selection.json`` (see the module docstring).
-    ``search`` (a :class:`~flexigpt.runtime.training.search.Bracketing` as a dict): extend
+    ``search`` (a :class:`~flexigpt.core.lr_search.Bracketing` as a dict): extend
     the trials until the choice is bracketed; trial i > the grid's is ``configs[0]`` with
     the proposed learning rates. ``finish_all`` (the rung check): every scored trial also
     continues to the end and records its final tuning perplexity, so the rung's ranking can
