@@ -33,6 +33,7 @@ from flexigpt.tables.published import load_published
 from flexigpt.tables.render import Table, html_page, to_markdown, write_table
 from flexigpt.tables.replacement import replacement_table
 from flexigpt.tables.row_intervals import RecordStore, add_intervals
+from flexigpt.tables.rung_check import rung_check_table
 from flexigpt.tables.selections import collect_selections
 from flexigpt.tables.verdicts import verdict_table
 
@@ -217,9 +218,10 @@ def _timing_and_sweep_tables(data: _Loaded, names: Mapping[str, str], out: Path,
                 written += write_table(table, out, formats)
     sweep_formats = tuple(f for f in formats if f in ("md", "csv"))
     for model in _sweep_models(data.sel):
-        table = sweep.sweep_table(data.sel, model, names.get(model))
-        if table is not None and sweep_formats:
-            written += write_table(table, out, sweep_formats)
+        for make in (sweep.sweep_table, rung_check_table):
+            table = make(data.sel, model, names.get(model))
+            if table is not None and sweep_formats:
+                written += write_table(table, out, sweep_formats)
     return written
 
 

@@ -14,13 +14,20 @@ from typing import Any
 
 import pandas as pd
 
+from flexigpt.core.lr_search import AXES, Bracketing, bracket_status
+from flexigpt.tables.render import sci
 from flexigpt.tables.schema import NUMBER, ResultFileError, need, need_count, need_lr, read_schema1
+
+#: the status of a sweep of one learning rate that nothing searched
+NOT_SEARCHED = "edge: one learning rate, not searched"
 
 #: Columns of :func:`read_selection` / :func:`collect_selections` (one row per trial).
 SELECTION_COLUMNS = ("file", "run", "model", "method", "variant", "setting", "ratio", "metric",
                      "tune_text", "tune_windows", "lr", "gamma_lr", "tune_ppl",
                      "tune_ppl_before", "tune_ppl_final", "rung_step", "steps",
-                     "trainable_params", "tokens", "diverged", "chosen")
+                     "trainable_params", "tokens", "diverged", "chosen", "final_diverged",
+                     "search_status", "search_neighbours", "search_trials", "searched",
+                     "lr_from", "lr_reuse")
 
 
 def _ppl(path: Path, obj: dict, key: str, where: str) -> float:
@@ -79,11 +86,65 @@ def read_selection(path: str | os.PathLike) -> pd.DataFrame:
     if rows[best]["diverged"]:
         raise ResultFileError(path, f"the chosen trial (trials[{best}]) diverged")
     rows[best]["chosen"] = True
+    search = _search_columns(path, data, rows, best)
+    for row in rows:
+        row.update(search)
     df = pd.DataFrame(rows, columns=list(SELECTION_COLUMNS))
     for col in ("lr", "gamma_lr", "ratio", "trainable_params", "tokens", "tune_windows",
                 "rung_step", "steps"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     return df
+
+
+def _search_columns(path: Path, data: dict[str, Any], rows: list[dict[str, Any]],
+                    best: int) -> dict[str, Any]:
+    """The run's search columns: ``search_status`` (the record's own, else read from its
+    trials: ``bracketed`` at spacing ≤ 2 on the axes the trials vary, or ``edge: <why>``;
+    ``reuses <run>[: <reason>]`` for a run trained at another's choice), ``search_trials``,
+    ``lr_from`` and ``lr_reuse`` (the config's stated reason, None if none)."""
+    grid_value, search_value = data.get("grid"), data.get("search")
+    grid: list[Any] = grid_value if isinstance(grid_value, list) else []
+    recorded: dict[str, Any] = search_value if isinstance(search_value, dict) else {}
+    lr_from = next((g["lr_from"] for g in grid if isinstance(g, dict) and "lr_from" in g), None)
+    reuse = data.get("lr_reuse")
+    out = {"search_trials": len(rows), "lr_from": lr_from,
+           "searched": isinstance(recorded.get("rule"), dict),
+           "lr_reuse": reuse if isinstance(reuse, str) else None}
+    points = [{a: r[a] for a in AXES if r[a] is not None and not pd.isna(r[a])} for r in rows]
+    varied = [a for a in AXES if len({p[a] for p in points if a in p}) > 1]
+    axes = [a for a in recorded.get("axes") or varied if a in AXES]
+    scores = [None if r["diverged"] or not math.isfinite(r["tune_ppl"]) else r["tune_ppl"]
+              for r in rows]
+    found = bracket_status(points, scores, best, axes) if axes else None
+    if lr_from is not None:
+        status = f"reuses {lr_from}" + (f": {reuse}" if isinstance(reuse, str) else "")
+    elif isinstance(recorded.get("status"), str):
+        status = recorded["status"]
+    else:  # a record of the fixed grid: its bracket read from the trials
+        status = found["status"] if found else NOT_SEARCHED
+        fixed = [a for a in AXES if a not in varied and any(a in p for p in points)]
+        if found and fixed:  # an axis of the recipe the grid never moved
+            status = ("edge: " if status == "bracketed" else status + "; ") + "; ".join(
+                f"{a} not searched (one value)" for a in fixed)
+    if isinstance(recorded.get("rule"), dict):
+        try:
+            Bracketing.from_dict(recorded["rule"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ResultFileError(path, f"'search.rule' is not a bracketing rule ({err})") from None
+    out["search_neighbours"] = _neighbours_text(found) if found else ""
+    return {**out, "search_status": status}
+
+
+def _neighbours_text(found: dict[str, Any]) -> str:
+    """``lr 2e-3: 350.1 / 8e-3: diverged`` per axis: the chosen trial's nearest trials below
+    and above on each axis with their tune PPL (the score the choice was made by)."""
+    parts = []
+    for axis, sides in found["neighbours"].items():
+        near = [f"{sci(v)}: " + ("diverged" if sc is None else f"{sc:.4g}")
+                for v, sc in (sides[k] for k in ("below", "above") if sides[k] is not None)]
+        if near:
+            parts.append(f"{axis} " + " / ".join(near))
+    return "; ".join(parts)
 
 
 def _selection_head(path: Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -129,7 +190,8 @@ def _trial_row(path: Path, head: dict[str, Any], i: int, trial: Any) -> dict[str
             "trainable_params": need_count(path, trial, "trainable_params", where,
                                            nullable=True),
             "tokens": need_count(path, trial, "tokens", where, nullable=True),
-            "diverged": diverged, "chosen": False}
+            "diverged": diverged, "chosen": False,
+            "final_diverged": trial.get("final_diverged") is True}
 
 
 def _chosen_index(path: Path, data: dict[str, Any], rows: list[dict[str, Any]],

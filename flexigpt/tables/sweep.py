@@ -30,6 +30,16 @@ def order_trials(sel: pd.DataFrame) -> pd.DataFrame:
         columns=["_r", "_m", "_g"]).reset_index(drop=True)
 
 
+def _search_cell(row: pd.Series) -> str:
+    """The chosen row's search status, its neighbours' Tune PPL and its trial count."""
+    text = str(row["search_status"])
+    if row.get("search_neighbours"):
+        text += f" ({row['search_neighbours']})"
+    if not str(row["search_status"]).startswith("reuses"):
+        text += f"; {int(row['search_trials'])} trials"
+    return text
+
+
 def sweep_label(method: str, variant: str) -> str:
     """The run's display name (the extension's and controls' names from Table 5)."""
     return EXTENSION_LABELS.get((method, variant)) or method_label(method, variant)
@@ -57,7 +67,9 @@ def sweep_table(sel: pd.DataFrame, model: str, display: str | None = None) -> Ta
             for k, n in zip(ours["rung_step"], ours["steps"])],
         "Tune PPL": ours["tune_ppl"], "Final tune PPL": ours["tune_ppl_final"],
         "Chosen": ["✓" if c else "diverged" if d or not math.isfinite(t) else ""
-                   for c, d, t in zip(ours["chosen"], ours["diverged"], ours["tune_ppl"])]})
+                   for c, d, t in zip(ours["chosen"], ours["diverged"], ours["tune_ppl"])],
+        "Search": [_search_cell(row) if row["chosen"] else ""
+                   for _, row in ours.iterrows()]})
     if frame["γ LR"].isna().all():
         frame = frame.drop(columns="γ LR")
     halving = ours["rung_step"].notna() & ours["rung_step"].lt(ours["steps"])
@@ -73,9 +85,17 @@ def sweep_table(sel: pd.DataFrame, model: str, display: str | None = None) -> Ta
     if halving.any():
         notes.append("Successive halving: every trial trained the first k of n steps on the "
                      "full run's schedule and was compared by its Tune PPL at step k (At step "
-                     "k/n); only the chosen trial continued to step n (Final tune PPL).")
+                     "k/n); only the chosen trial continued to step n (Final tune PPL), or, "
+                     "under the rung check, every trial (the rung check table).")
     if "γ LR" in frame:
         notes.append("γ LR = the learning rate of FlexiGPT's output-norm gains (– = none).")
+    notes.append("Search (on the chosen row; flexigpt.core.lr_search): bracketed = the choice "
+                 "has a scored, worse or diverged trial at most 2x away on each side of every "
+                 "learning-rate axis the run searched, their Tune PPL in brackets; edge: why "
+                 "not (a side never tried, a neighbour more than 2x away, the hard range or "
+                 "the trial cap of the rule, an axis the grid never moved); reuses = trained "
+                 "at another run's chosen learning rates, for the config's stated reason "
+                 "(tuning.reuse); n trials = trials the run scored.")
     off = []
     for run, g in ours.groupby("run", sort=False):
         finite = g[g["tune_ppl"].map(math.isfinite)]

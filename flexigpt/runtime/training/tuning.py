@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from flexigpt.core import faults
 from flexigpt.core.fileio import CheckpointError, atomic_directory, atomic_write_text
+from flexigpt.core.lr_search import Bracketing, bracket_status, propose
 from flexigpt.core.memory import reuse_freed_memory
 from flexigpt.runtime.training.config import TrainConfig
 from flexigpt.runtime.training.loop import TrainingDivergedError
@@ -39,7 +40,6 @@ from flexigpt.runtime.training.memo import SweepMemo
 from flexigpt.runtime.training.processes import barrier, broadcast_from_main, is_main_process
 from flexigpt.runtime.training.recipe_table import uses_own_lr
 from flexigpt.runtime.training.runner import train_model
-from flexigpt.core.lr_search import Bracketing, bracket_status, propose
 from flexigpt.storage.artifacts import read_manifest
 
 if TYPE_CHECKING:
