@@ -69,3 +69,29 @@ def test_a_fixed_grid_edge_is_shown_as_an_edge(tmp_path):
     row = read_selection(path).iloc[0]
     assert row["search_status"] == "edge: lr below: grid edge; lr above: nearest trial ×4 away"
     assert not row["searched"]
+
+
+def _checked(tmp_path, finals):
+    """A searched selection record whose bracketing trials reached the end (``finals``)."""
+    trials = [{"lr": lr, "gamma_lr": None, "tune_ppl": rung, "tune_ppl_before": 900.0,
+               "trainable_params": 10, "tokens": 5, "tune_ppl_final": final}
+              for lr, rung, final in zip((4e-3, 2e-3, 8e-3), (100.0, 120.0, 140.0), finals)]
+    record = {"schema": 1, "run": "m/shortgpt_lora/default/r0.3", "metric": "tune_ppl",
+              "tune_text": "t", "tune_windows": 4, "chosen": {"lr": 4e-3, "gamma_lr": None},
+              "chosen_trial": 0, "rung": {"step": 6, "steps": 16}, "trials": trials,
+              "search": {"rule": {"factor": 2.0, "max_trials": 12, "range": {"lr": [1e-5, 1]}},
+                         "status": "bracketed", "axes": ["lr"], "trials": 3}}
+    path = tmp_path / "selection.json"
+    path.write_text(json.dumps(record))
+    return read_selection(path)
+
+
+def test_the_rung_check_table_compares_the_rung_order_with_the_final_one(tmp_path):
+    from flexigpt.tables.rung_check import rung_check_table
+
+    same = rung_check_table(_checked(tmp_path, (60.0, 70.0, 80.0)), "m").csv.iloc[0]
+    assert same["same_choice"] and same["same_order"]
+    assert same["rung_order"] == "0.004 > 0.002 > 0.008"
+    flipped = rung_check_table(_checked(tmp_path, (75.0, 70.0, 80.0)), "m").csv.iloc[0]
+    assert not flipped["same_choice"] and flipped["final_order"] == "0.002 > 0.004 > 0.008"
+    assert rung_check_table(_checked(tmp_path, (60.0, None, None)), "m") is None

@@ -148,3 +148,84 @@ def test_a_reused_learning_rate_without_a_reason_is_refused():
         RunGrid.from_config(config)  # one grid point and no search: nothing to check
     del config["tuning"]["rung_check"]
     RunGrid.from_config(config)
+
+
+def _selection(tmp_path, trials, chosen):
+    import json
+
+    out = tmp_path / "trained"
+    out.mkdir()
+    (out / "selection.json").write_text(json.dumps({
+        "chosen_trial": chosen, "chosen": {k: trials[chosen][k] for k in ("lr", "gamma_lr")},
+        "trials": trials}))
+    return out
+
+
+def _trial(lr, score, gamma=None, diverged=False):
+    return {"lr": lr, "gamma_lr": gamma, "tune_ppl": score, "diverged": diverged}
+
+
+def test_the_next_best_rates_are_the_best_neighbour_of_the_choice(tmp_path):
+    from flexigpt.runtime.training.tuning import chosen_rates
+
+    trials = [_trial(4e-3, 100.0, 5e-2), _trial(2e-3, 130.0, 5e-2),
+              _trial(8e-3, None, 5e-2, diverged=True), _trial(4e-3, 120.0, 2.5e-2),
+              _trial(4e-3, 150.0, 1e-1), _trial(1e-3, 110.0, 5e-2)]  # 1e-3: no neighbour
+    out = _selection(tmp_path, trials, 0)
+    assert chosen_rates(out) == {"lr": 4e-3, "gamma_lr": 5e-2}
+    assert chosen_rates(out, next_best=True) == {"lr": 4e-3, "gamma_lr": 2.5e-2}
+
+
+def test_no_next_best_rate_when_every_other_trial_diverged(tmp_path):
+    from flexigpt.runtime.training.tuning import chosen_rates
+
+    out = _selection(tmp_path, [_trial(4e-3, 100.0), _trial(8e-3, None, diverged=True)], 0)
+    with pytest.raises(ValueError, match="no next-best learning rate"):
+        chosen_rates(out, next_best=True)
+
+
+def test_the_sensitivity_rows_train_the_twins_model_at_its_next_best_rates():
+    grid = RunGrid.from_config(_config("config.yaml"))
+    rows = [run for run in grid.runs.values() if run.table == "sensitivity"]
+    assert {(r.method, r.variant, r.setting) for r in rows} == {
+        (m, "default_next", s) for m in ("flexigpt", "shortgpt_lora") for s in ("r0.3", "r0.4")}
+    for run in rows:
+        twin = grid.runs[(run.model, run.method, "default", run.setting)]
+        assert run.lr_from == twin.key and run.lr_next and run.compressed_dir == twin.compressed_dir
+        assert run.budget == twin.budget and grid.search(run) is None
+        assert grid.trials(run) == [{"lr_from": twin.prefix, "lr_rank": "next"}]
+        assert grid.reuse_reason(run) and not grid.rung_check(run)
+    config = copy.deepcopy(_config("config.yaml"))
+    config["tuning"]["sensitivity"] = ["dense"]
+    with pytest.raises(ValueError, match="tuning.sensitivity names 'dense'"):
+        RunGrid.from_config(config)
+
+
+def test_the_verdict_sensitivity_names_what_flips():
+    from flexigpt.core.stats.intervals import Interval
+    from flexigpt.tables.claim_rows import decidable_from
+    from flexigpt.tables.comparisons import Diff
+    from flexigpt.tables.verdicts import next_key, sensitivity
+
+    def diff(low, high):
+        return Diff("ok", Interval((low + high) / 2, low, high, 0.1, 0.95, 100, 2000))
+
+    a, b = ("m", "flexigpt", "default", 0.3, "final"), ("m", "shortgpt_lora", "default", 0.3,
+                                                       "final")
+    table = {(next_key(a), b): diff(0.1, 0.2), (a, next_key(b)): diff(0.15, 0.3)}
+
+    class Comp:
+        def has(self, key):
+            return key in (a, b, next_key(a), next_key(b))
+
+        def diff(self, x, y, metric):
+            return table[(x, y)]
+
+    assert sensitivity(Comp(), a, b, "log_ppl", "less", 0.02, "contradicted") == "holds"
+    table[(a, next_key(b))] = diff(-0.05, 0.01)
+    assert sensitivity(Comp(), a, b, "log_ppl", "less", 0.02, "contradicted") == (
+        "A at next LR: contradicted +0.150 [+0.100, +0.200]; B at next LR: undecided at this "
+        "budget -0.020 [-0.050, +0.010]")
+    assert sensitivity(Comp(), a, ("m", "x", "default", 0.3, "final"), "avg", "greater", 1.0,
+                       "supported") == "–"
+    assert decidable_from(diff(-2.0, 4.0).interval, 1.0) == 4.0

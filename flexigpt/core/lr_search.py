@@ -167,21 +167,45 @@ def bracket_status(points: Sequence[dict[str, Any]], scores: Sequence[float | No
     at = points[chosen]
     reasons: list[str] = []
     neighbours: dict[str, dict[str, Any]] = {}
+    mine_of = {axis: float(at[axis]) for axis in axes}
+    found = _nearest(points, chosen, axes)
     for axis in axes:
-        mine = float(at[axis])
-        line = [(float(p[axis]), scores[i]) for i, p in enumerate(points)
-                if i != chosen and p.get(axis) is not None
-                and all(_same(p.get(o), at.get(o)) for o in axes if o != axis)]
-        below = max((t for t in line if t[0] < mine * (1 - _TOL)), default=None)
-        above = min((t for t in line if t[0] > mine * (1 + _TOL)), default=None)
-        neighbours[axis] = {"below": below, "above": above}
-        for side, near in (("below", below), ("above", above)):
-            reason = _side_reason(axis, side, mine, near, scores[chosen], max_spacing, rule,
-                                  len(points))
+        sides = {side: None if i is None else (float(points[i][axis]), scores[i])
+                 for side, i in found[axis].items()}
+        neighbours[axis] = sides
+        for side, near in sides.items():
+            reason = _side_reason(axis, side, mine_of[axis], near, scores[chosen], max_spacing,
+                                  rule, len(points))
             if reason:
                 reasons.append(reason)
     return {"status": BRACKETED if not reasons else "edge: " + "; ".join(reasons),
             "neighbours": neighbours}
+
+
+def axis_neighbours(points: Sequence[dict[str, Any]], chosen: int,
+                    axes: Sequence[str]) -> list[int]:
+    """Indices of the trials nearest to ``points[chosen]`` below and above on each axis
+    (equal to it on the other axes), axes in order, below first; at most ``2·len(axes)``."""
+    found = _nearest(points, chosen, axes)
+    return [i for axis in axes for i in (found[axis]["below"], found[axis]["above"])
+            if i is not None]
+
+
+def _nearest(points: Sequence[dict[str, Any]], chosen: int,
+             axes: Sequence[str]) -> dict[str, dict[str, int | None]]:
+    """Per axis, the index of the nearest trial below and above the chosen one."""
+    at = points[chosen]
+    out: dict[str, dict[str, int | None]] = {}
+    for axis in axes:
+        mine = float(at[axis])
+        line = [(float(p[axis]), i) for i, p in enumerate(points)
+                if i != chosen and p.get(axis) is not None
+                and all(_same(p.get(o), at.get(o)) for o in axes if o != axis)]
+        below = max((t for t in line if t[0] < mine * (1 - _TOL)), default=None)
+        above = min((t for t in line if t[0] > mine * (1 + _TOL)), default=None)
+        out[axis] = {"below": None if below is None else below[1],
+                     "above": None if above is None else above[1]}
+    return out
 
 
 def _same(a: Any, b: Any) -> bool:

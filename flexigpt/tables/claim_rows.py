@@ -104,13 +104,30 @@ def claim_row(claim: str, setting: str, paper: str, ours: str, diff: Diff | None
     digits = 3 if metric == "log_ppl" else 1
     seeds, single = _seeds(decided_by if decided_by is not None else
                            ([diff] if diff is not None else []))
+    decidable = decidable_from(iv, margin) if metric not in ("log_ppl", "count", "") \
+        and verdict.startswith(UNDECIDED) else None
+    if decidable is not None:
+        reach = (f"decidable from a difference of {decidable:.1f} points (margin {margin:g} "
+                 f"+ half-width {decidable - float(margin or 0):.1f})")
+        notes = "; ".join(x for x in (notes, reach) if x)
     return {"Claim": claim, "Setting": setting, "Budget": budget, "Paper": paper or "–",
             "Ours": ours, "Metric": metric,
             "Δ [95% CI]": diff.text(digits) if diff is not None else "–", "Seeds": seeds,
             "Verdict": verdict, "Notes": notes, "estimate": iv.estimate if iv else None,
             "ci_low": iv.low if iv else None, "ci_high": iv.high if iv else None,
             "margin": margin, "tokens": tokens, "tokens_per_param": tokens_per_param,
-            "single_seed": single}
+            "single_seed": single, "decidable_from": decidable}
+
+
+def decidable_from(iv: Any, margin: float | None) -> float | None:
+    """The smallest |Δ| this evaluation decides (accuracy, in points): the margin plus the
+    half-width of the paired interval, whose width comes from the per-document variance of
+    the paired differences and the documents scored. A true effect of that size puts the
+    interval past the margin when the estimate lands on it (50 % power); None without an
+    interval or a margin."""
+    if iv is None or margin is None:
+        return None
+    return float(margin) + (float(iv.high) - float(iv.low)) / 2
 
 
 def claim_ratios(agg: pd.DataFrame, model: str) -> list[float]:

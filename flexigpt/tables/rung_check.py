@@ -1,9 +1,10 @@
 """The rung check: does successive halving's ranking at the rung equal the ranking at the end?
 
-A sweep with the rung check (config ``tuning.rung_check``) trains every trial it scored at
-the rung on to the end beside the chosen one and records each trial's final tuning
-perplexity. For each such run this table lists the trials in the rung's order and in the
-final order and says whether the choice, and the whole order, is the same. Rows come from
+A sweep with the rung check (config ``tuning.rung_check``) trains its bracketing trials (the
+chosen one's nearest trials on each side of every learning-rate axis) on to the end beside
+the chosen one and records their final tuning perplexity. For each such run this table
+lists those trials in the rung's order and in the final order and says whether the choice,
+and the whole order, is the same. Rows come from
 :func:`~flexigpt.tables.selections.collect_selections`.
 """
 
@@ -42,9 +43,9 @@ def rung_check_table(sel: pd.DataFrame, model: str, display: str | None = None) 
     for run, trials in (rows.groupby("run", sort=False) if len(rows) else ()):
         scored = trials[trials["tune_ppl"].map(lambda v: math.isfinite(v))
                         & ~trials["diverged"].astype(bool)]
-        finished = scored["tune_ppl_final"].map(lambda v: math.isfinite(v)) | \
-            scored["final_diverged"].astype(bool)
-        if len(scored) < 2 or not finished.all():
+        scored = scored[scored["tune_ppl_final"].map(lambda v: math.isfinite(v))
+                        | scored["final_diverged"].astype(bool)]
+        if len(scored) < 2:
             continue  # no rung check: only the chosen trial reached the end
         first = trials.iloc[0]
         at_rung, at_end = _order(scored, "tune_ppl"), _order(scored, "tune_ppl_final")
@@ -66,9 +67,11 @@ def rung_check_table(sel: pd.DataFrame, model: str, display: str | None = None) 
     name = display_name(model, display)
     agree = int(csv["same_choice"].sum())
     notes = [f"{agree} of {len(csv)} checked runs choose at the rung what they would choose "
-             "at the end. Each trial a sweep scored at the rung (tuning-split perplexity at "
-             "step k of n) was also trained to step n on the same schedule (tuning.rung_check); "
-             "the run's model is the rung's choice either way. Points are LR (and γ LR); "
+             "at the end. The chosen trial and its bracketing neighbours (the nearest trials on "
+             "each side of every learning-rate axis), compared at the rung by their "
+             "tuning-split perplexity at step k of n, were also trained to step n on the same "
+             "schedule (tuning.rung_check); the run's model is the rung's choice either way. "
+             "Points are LR (and γ LR); "
              "> = lower tuning perplexity; a trial that diverged after the rung ranks last."]
     block = Block(f"Ours: {name}, rung check", frame, notes=notes)
     return Table(f"rung_check_{slug(model)}", f"Rung check of the LR sweeps, {name}", [block],

@@ -57,7 +57,7 @@ from flexigpt.tables.claim_rows import (
 )
 from flexigpt.tables.comparisons import Comparator, Diff, key_of
 from flexigpt.tables.decision import MISSING_RUN, NOT_A_CLAIM, Rules, decide, rules_block
-from flexigpt.tables.labels import ABLATIONS, method_label
+from flexigpt.tables.labels import ABLATIONS, NEXT_SUFFIX, method_label
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 from flexigpt.tables.row_intervals import setting_key
@@ -99,10 +99,37 @@ def claims_ab(agg, pub, comp: Comparator, model: str,
             for pair in pairs_at(agg, model, r):
                 d = comp.diff(pair.key_a, pair.key_b, metric)
                 m = rules.margin(metric)
-                yield claim_row(tag, f"{100 * r:.0f}%", _paper_ab(pub, r, metric),
+                direction = DIRECTION.get(metric, "greater")
+                verdict = decide(d, direction, m)
+                row = claim_row(tag, f"{100 * r:.0f}%", _paper_ab(pub, r, metric),
                                 ours_pair(agg, pair.key_a, pair.key_b, metric), d,
-                                decide(d, DIRECTION.get(metric, "greater"), m), metric,
-                                margin=m, **budget_fields(pair))
+                                verdict, metric, margin=m, **budget_fields(pair))
+                row["Sensitivity"] = sensitivity(comp, pair.key_a, pair.key_b, metric,
+                                                 direction, m, verdict)
+                yield row
+
+
+def next_key(key: tuple) -> tuple:
+    """The setting key of ``key``'s run trained at its next-best learning rates."""
+    model, method, variant, ratio, stage = key
+    return (model, method, f"{variant}{NEXT_SUFFIX}", ratio, stage)
+
+
+def sensitivity(comp: Comparator, a: tuple, b: tuple, metric: str, direction: str,
+                margin: float, verdict: str) -> str:
+    """Does ``verdict`` (A vs B) hold with A, then B, at its next-best learning rates (the
+    sensitivity runs, ``tuning.sensitivity``)? ``holds`` when both give the same verdict;
+    else what each gives; ``–`` when neither sensitivity run is in the results."""
+    checks = [(side, comp.diff(*pair, metric)) for side, pair in
+              (("A", (next_key(a), b)), ("B", (a, next_key(b))))
+              if comp.has(pair[0]) and comp.has(pair[1])]
+    if not checks:
+        return "–"
+    found = [(side, decide(d, direction, margin), d) for side, d in checks]
+    if len(found) == 2 and all(v == verdict for _, v, _ in found):
+        return "holds"
+    digits = 3 if metric == "log_ppl" else 1
+    return "; ".join(f"{side} at next LR: {v} {d.text(digits)}" for side, v, d in found)
 
 
 def _paper_best(pub: pd.DataFrame, r: float) -> tuple[int, str]:
@@ -276,7 +303,7 @@ def claim_f(agg, pub, comp: Comparator, model: str,
 
 
 SHOWN = ["Claim", "Setting", "Budget", "Paper", "Ours", "Δ [95% CI]", "Seeds", "Verdict",
-         "Notes"]
+         "Sensitivity", "Notes"]
 
 
 def verdict_table(agg: pd.DataFrame, pub: pd.DataFrame, times: pd.DataFrame,
@@ -297,6 +324,9 @@ def verdict_table(agg: pd.DataFrame, pub: pd.DataFrame, times: pd.DataFrame,
                 *claim_e(agg, pub, comp, model, rules), *claim_f(agg, pub, comp, model, rules),
                 *claim_g(times, pub, model), *claim_h(decodes, model)]
         frame = pd.DataFrame(rows)
+        if "Sensitivity" not in frame:
+            frame["Sensitivity"] = None
+        frame["Sensitivity"] = frame["Sensitivity"].fillna("–")
         csv.append(frame.assign(model=model))
         blocks.append(Block(f"{model}: the paper's claims", frame[SHOWN], notes=[NOTE]))
     if not blocks:
@@ -308,4 +338,9 @@ def verdict_table(agg: pd.DataFrame, pub: pd.DataFrame, times: pd.DataFrame,
 NOTE = ("Paper = Llama-2-7B (Tables 1, 4; Table 5: TinyLlama-1.1B), point values; Ours = "
         "point values (A vs B); Δ = A − B paired over the same documents / windows with its "
         "95% bootstrap interval (log-PPL in nats, accuracy in points); the verdicts follow "
-        "the decision rules above (margins, Holm for counted claims, † = one seed).")
+        "the decision rules above (margins, Holm for counted claims, † = one seed). "
+        "Sensitivity (claims a, b): the verdict again with FlexiGPT* (A), then ShortGPT + "
+        "LoRA* (B), trained at the next-best learning rates of its own search (the best "
+        "neighbour of its choice): holds = both give this verdict, else what each gives; – = "
+        "no sensitivity run in this config. An undecided accuracy row says from which difference "
+        "this evaluation decides: the margin plus its interval's half-width.")

@@ -15,6 +15,7 @@ rule train:
         rung=GRID.tuning_rung,
         search=train_search,
         rung_check=train_rung_check,
+        lr_next=lambda wildcards: run_of(wildcards).lr_next,
         teacher=trial_teacher,
         code=code_of("train"),
         processes=TRAIN_PROCESSES,

@@ -18,9 +18,10 @@ if "budget" in snakemake.input.keys():
     shared["lora_budget"] = budget_of(snakemake.input.budget)
     log.info("trainable budget %d from %s", shared["lora_budget"], snakemake.input.budget)
 if "lr_from" in snakemake.input.keys():
-    rates = chosen_rates(snakemake.input.lr_from)
+    rates = chosen_rates(snakemake.input.lr_from, next_best=snakemake.params.lr_next)
     shared.update({k: v for k, v in rates.items() if v is not None})
-    log.info("learning rates %s chosen by %s", rates, snakemake.input.lr_from)
+    log.info("learning rates %s %s by %s", rates,
+             "next-best" if snakemake.params.lr_next else "chosen", snakemake.input.lr_from)
 trials = snakemake.params.trials
 configs = [{**t["config"], **shared} for t in trials]
 spec = {"model": snakemake.input.model, "out": snakemake.output.model, "configs": configs,

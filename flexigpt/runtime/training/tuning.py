@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from flexigpt.core import faults
 from flexigpt.core.fileio import CheckpointError, atomic_directory, atomic_write_text
-from flexigpt.core.lr_search import Bracketing, bracket_status, propose
+from flexigpt.core.lr_search import Bracketing, axis_neighbours, bracket_status, propose
 from flexigpt.core.memory import reuse_freed_memory
 from flexigpt.runtime.training.config import TrainConfig
 from flexigpt.runtime.training.loop import TrainingDivergedError
@@ -163,9 +163,10 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     and save the best as ``out_dir`` with ``selection.json`` (see the module docstring).
     ``search`` (a :class:`~flexigpt.core.lr_search.Bracketing` as a dict): extend
     the trials until the choice is bracketed; trial i > the grid's is ``configs[0]`` with
-    the proposed learning rates. ``finish_all`` (the rung check): every scored trial also
-    continues to the end and records its final tuning perplexity, so the rung's ranking can
-    be compared with the final one; the choice stays the rung's (the same model).
+    the proposed learning rates. ``finish_all`` (the rung check): the chosen trial's
+    bracketing neighbours also continue to the end and record their final tuning perplexity,
+    so the rung's ranking of the bracket can be compared with the final one; the choice stays
+    the rung's (the same model).
 
     Scratch space is ``<out_dir>.sweep/t<i>/`` (checkpoints, ``rung.json``,
     ``final.json``, the trial's trained model); it is removed
@@ -216,9 +217,7 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
 def _search_record(sweep: _Sweep, records: list[dict[str, Any]], best: int) -> dict[str, Any]:
     """The ``search`` entry of a selection: the rule (None: the fixed grid), how many trials
     were scored, and whether the choice is bracketed on the axes the trials vary or search."""
-    axes = (sweep.rule.axes_of(sweep.points) if sweep.rule else
-            tuple(a for a in ("lr", "gamma_lr")
-                  if len({p.get(a) for p in sweep.points if p.get(a) is not None}) > 1))
+    axes = _axes(sweep)
     status = bracket_status(sweep.points, [_score(r) for r in records], best, axes,
                             rule=sweep.rule)
     return {"rule": sweep.rule.to_dict() if sweep.rule else None, "trials": len(records),
@@ -310,8 +309,9 @@ class _Sweep:
 
 def _halving(sweep: _Sweep, k: int, finish_all: bool = False) -> tuple[list[dict[str, Any]], int]:
     """Successive halving with one rung at step ``k`` < steps: every trial to step k, then
-    the best at the rung to the end (the next best if it diverges); ``finish_all``: then
-    every other trial scored at the rung to the end too (its ``tune_ppl_final``).
+    the best at the rung to the end (the next best if it diverges); ``finish_all`` (the rung
+    check): then the bracketing trials too, the chosen one's nearest trials on each side of
+    every axis (their ``tune_ppl_final``).
 
     Returns:
         Every trial's record and the index of the one trained to the end.
@@ -329,20 +329,38 @@ def _halving(sweep: _Sweep, k: int, finish_all: bool = False) -> tuple[list[dict
              [r.get("tune_ppl") for r in records])
     chosen = None
     for i in order:
-        if chosen is not None and not finish_all:
-            break
         final = sweep.final(i)
         if final.get("diverged"):  # after the rung: keep its score, mark it diverged
-            mark = {"final_diverged": True} if chosen is not None else {"diverged": True}
-            records[i] = {**records[i], **mark, "error": final["error"]}
+            records[i] = {**records[i], "diverged": True, "error": final["error"]}
             continue
-        records[i] = {**records[i], "tune_ppl_final": final["tune_ppl"],
-                      "stopped_at_step": sweep.steps, "tokens": final["tokens"]}
-        chosen = i if chosen is None else chosen
-    if chosen is not None:
-        return records, chosen
-    raise ValueError(f"no trial of {len(sweep.configs)} finished with a finite tuning "
-                     "perplexity")
+        records[i] = _finished(records[i], final, sweep.steps)
+        chosen = i
+        break
+    if chosen is None:
+        raise ValueError(f"no trial of {len(sweep.configs)} finished with a finite tuning "
+                         "perplexity")
+    if finish_all:  # the rung check: the bracketing trials to the end as well
+        for i in axis_neighbours(sweep.points, chosen, _axes(sweep)):
+            if not _finite_score(records[i]):
+                continue
+            final = sweep.final(i)
+            records[i] = ({**records[i], "final_diverged": True, "error": final["error"]}
+                          if final.get("diverged") else _finished(records[i], final, sweep.steps))
+    return records, chosen
+
+
+def _finished(record: dict[str, Any], final: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A rung record completed by its trial's record at the end of training."""
+    return {**record, "tune_ppl_final": final["tune_ppl"], "stopped_at_step": steps,
+            "tokens": final["tokens"]}
+
+
+def _axes(sweep: _Sweep) -> tuple[str, ...]:
+    """The learning-rate axes of a sweep: the rule's, else those its grid varies."""
+    if sweep.rule is not None:
+        return sweep.rule.axes_of(sweep.points)
+    return tuple(a for a in ("lr", "gamma_lr")
+                 if len({p.get(a) for p in sweep.points if p.get(a) is not None}) > 1)
 
 
 def _train_all(sweep: _Sweep) -> tuple[list[dict[str, Any]], int]:
@@ -429,14 +447,35 @@ def _rung(trial_dir: Path, cfg: Any, point: dict[str, Any], step: int,
     return record
 
 
-def chosen_rates(trained_dir: str | os.PathLike) -> dict[str, float | None]:
-    """The ``lr`` / ``gamma_lr`` another run chose (its ``selection.json``)."""
+def chosen_rates(trained_dir: str | os.PathLike,
+                 next_best: bool = False) -> dict[str, float | None]:
+    """The ``lr`` / ``gamma_lr`` another run chose (its ``selection.json``); ``next_best``:
+    those of the best-scoring neighbour of its choice instead (the nearest trial below or
+    above on each learning-rate axis it searched; without one, the best other trial).
+
+    Raises:
+        ValueError: no selection, or (``next_best``) no other trial with a finite score.
+    """
     path = Path(trained_dir) / SELECTION_FILE
     try:
-        chosen = json.loads(path.read_text())["chosen"]
+        selection = json.loads(path.read_text())
+        chosen = selection["chosen"]
     except (OSError, json.JSONDecodeError, KeyError) as err:
         raise ValueError(f"{path}: no learning-rate selection ({err})") from None
-    return {"lr": chosen["lr"], "gamma_lr": chosen["gamma_lr"]}
+    if not next_best:
+        return {"lr": chosen["lr"], "gamma_lr": chosen["gamma_lr"]}
+    trials = selection.get("trials") or []
+    best = int(selection.get("chosen_trial") or 0)
+    axes = [a for a in ("lr", "gamma_lr") if any(t.get(a) is not None for t in trials)]
+    points = [{a: t[a] for a in axes if t.get(a) is not None} for t in trials]
+    scores = [_score(t) for t in trials]
+    scored = [i for i, score in enumerate(scores) if score is not None and i != best]
+    near = [i for i in axis_neighbours(points, best, axes) if i in scored]
+    pool = near or scored
+    if not pool:
+        raise ValueError(f"{path}: no next-best learning rate (every other trial diverged)")
+    other = trials[min(pool, key=lambda i: (scores[i], i))]
+    return {"lr": other["lr"], "gamma_lr": other.get("gamma_lr")}
 
 
 def budget_of(compressed_dir: str | os.PathLike) -> int:

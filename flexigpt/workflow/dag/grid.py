@@ -20,13 +20,14 @@ from flexigpt.workflow.dag.sections import (
     add_kd,
     add_paper_protocol,
     add_replicates,
+    add_sensitivity,
     add_table1,
     start_build,
 )
 
 #: tables whose runs reuse another run's learning rates by protocol (``tuning.reuse`` keys,
 #: with ``replicate`` and ``variant``)
-REUSE_TABLES = ("paper_protocol", "kd", "ablation", "budget")
+REUSE_TABLES = ("paper_protocol", "kd", "ablation", "budget", "sensitivity")
 
 
 @dataclass
@@ -73,6 +74,7 @@ class RunGrid:
         add_kd(build, config.get("kd") or {}, ratios)
         add_ablations(build, config.get("ablations") or {}, ratios)
         add_extension(build, config.get("extension") or {}, config["model"]["path"])
+        add_sensitivity(build, list((config.get("tuning") or {}).get("sensitivity") or []))
         common = build.common
         grid = cls(runs=build.runs, model_paths=build.paths, model_resources=build.resources,
                    calibration_text=data.get("calibration_text", data["train_text"]),
@@ -191,7 +193,8 @@ class RunGrid:
         product of its ``lr`` and ``gamma_lr`` lists), or one trial when it reuses another
         run's choice (``lr_from``) or the grid has nothing for its recipe."""
         if run.lr_from is not None:
-            return [{"lr_from": prefix_of(run.lr_from)}]
+            return [{"lr_from": prefix_of(run.lr_from), **({"lr_rank": "next"} if run.lr_next
+                                                           else {})}]
         grid = (self.tuning.get("grid") or {}).get(run.recovery_recipe()) or {}
         trials: list[dict[str, Any]] = [{}]
         for name in GRID_KEYS.get(run.recovery_recipe(), ()):
@@ -222,7 +225,7 @@ class RunGrid:
 
     def reuse_kind(self, run: Run) -> str | None:
         """Why a run reuses another's learning rates, as a ``tuning.reuse`` key: its table
-        (``paper_protocol``, ``kd``, ``ablation``, ``budget``), ``replicate`` (a seed
+        (``paper_protocol``, ``kd``, ``ablation``, ``budget``, ``sensitivity``), ``replicate`` (a seed
         replicate) or ``variant`` (a variant's own ``lr_from``); None when it sweeps."""
         if run.lr_from is None:
             return None

@@ -51,6 +51,7 @@ class Run:
     match: Key | None = None
     budget: Key | None = None
     lr_from: Key | None = None
+    lr_next: bool = False  # train at lr_from's next-best learning rates (the sensitivity row)
     compressed_from: Key | None = None
     table: str = "main"
     protocol: str | None = None

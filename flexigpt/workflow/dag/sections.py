@@ -10,7 +10,9 @@ order of the grid's runs (and so of its checks and targets):
 4. :func:`add_paper_protocol` — ``paper_protocol`` (k = int(ratio·L) removed blocks);
 5. :func:`add_kd` — ``kd`` (recovery with knowledge distillation);
 6. :func:`add_ablations` — ``ablations`` (FlexiGPT option ablations at one ratio);
-7. :func:`add_extension` — ``extension`` (the FlexiGPT extension and its controls).
+7. :func:`add_extension` — ``extension`` (the FlexiGPT extension and its controls);
+8. :func:`add_sensitivity` — ``tuning.sensitivity`` (Table 1 runs again at their next-best
+   learning rates).
 
 Every builder reads a schema-complete config (:func:`flexigpt.workflow.dag.defaults.with_schema_defaults`):
 no builder states a default of its own. A builder raises ValueError for a setting that names
@@ -19,12 +21,13 @@ something the grid does not have.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flexigpt.core.devices import check_device
 from flexigpt.methods.compression_basis import check_basis
 from flexigpt.storage.registry import ROLES
+from flexigpt.tables.labels import NEXT_SUFFIX
 from flexigpt.workflow.config_paths import check_model_resource
 from flexigpt.workflow.dag.derived import budget_runs, replicate_runs, table1_ratios
 from flexigpt.workflow.dag.runs import Key, Run
@@ -235,3 +238,24 @@ def add_extension(build: GridBuild, ext: dict[str, Any], model_path: str) -> Non
                       tokens=tokens, table="extension",
                       budget=(ext_key, ROLES.extension, ext["patterns"][0], setting),
                       **common))
+
+
+def add_sensitivity(build: GridBuild, names: list[str]) -> None:
+    """Each named Table 1 run (method or method/variant, every ratio) trained again at its
+    sweep's next-best learning rates (variant ``<variant>_next``, table ``sensitivity``):
+    the same compressed model, budget and recipe, the learning rates of the best-scoring
+    neighbour of its choice (:func:`flexigpt.runtime.training.tuning.chosen_rates`). The
+    verdicts ask whether a claim holds with either side at its next-best rates."""
+    for spec in names:
+        name, _, variant = spec.partition("/")
+        variant = variant or "default"
+        found = [run for run in list(build.runs.values())
+                 if run.table == "main" and run.method == name and run.variant == variant
+                 and run.recovery and run.lr_from is None]
+        if not found:
+            raise ValueError(f"tuning.sensitivity names {spec!r}, which is no recovered Table 1 "
+                             "run that chooses its own learning rates")
+        for run in found:
+            build.add(replace(run, variant=f"{variant}{NEXT_SUFFIX}", table="sensitivity",
+                              lr_from=run.key, lr_next=True, match=None,
+                              compressed_from=run.compressed_from or run.key))
