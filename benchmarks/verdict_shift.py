@@ -59,12 +59,11 @@ def shift_table(before: Path, after: Path) -> str:
              "Sensitivity after | LRs before (A; B) | LRs after (A; B) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for _, row in both.iterrows():
-        rates = ("", "")
+        rates = ["", ""]
         if str(row["Claim"]).startswith(PAIR_CLAIMS) and str(row["Setting"]).endswith("%"):
             ratio = float(str(row["Setting"]).rstrip("%")) / 100
-            rates = tuple("; ".join(chosen_rates(s, m, ratio)
-                                    for m in (ROLES.subject, ROLES.comparator))
-                          for s in (sb, sa))
+            rates = ["; ".join(chosen_rates(s, m, ratio)
+                               for m in (ROLES.subject, ROLES.comparator)) for s in (sb, sa)]
         lines.append(f"| {row['Claim']} | {row['Setting']} | {row['Δ [95% CI] before']} | "
                      f"{row['Verdict before']} | {row['Δ [95% CI] after']} | "
                      f"{row['Verdict after']} | {row.get('Sensitivity after', '–')} | "
