@@ -33,6 +33,8 @@ AXES = ("lr", "gamma_lr")
 #: relative tolerance of "lies on the lattice" and "is the same value"
 _TOL = 1e-6
 BRACKETED = "bracketed"
+#: the status of a sweep whose trials vary no learning rate (one point, or reused)
+NOT_SEARCHED = "edge: one learning rate, not searched"
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.core.lr_search import AXES, Bracketing, bracket_status
+from flexigpt.core.lr_search import AXES, NOT_SEARCHED, Bracketing, bracket_status
 from flexigpt.tables.render import sci
 from flexigpt.tables.schema import NUMBER, ResultFileError, need, need_count, need_lr, read_schema1
-
-#: the status of a sweep of one learning rate that nothing searched
-NOT_SEARCHED = "edge: one learning rate, not searched"
 
 #: Columns of :func:`read_selection` / :func:`collect_selections` (one row per trial).
 SELECTION_COLUMNS = ("file", "run", "model", "method", "variant", "setting", "ratio", "metric",

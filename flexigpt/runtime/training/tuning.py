@@ -7,10 +7,11 @@ as successive halving with one rung (Jamieson & Talwalkar 2016): each trial trai
 first ``k = round(rung · n)`` of its ``n`` steps *on the full run's schedule*, is scored by
 its tuning-split perplexity at step k, and only the best continues from its checkpoint to
 step n (the next best if it diverges). ``rung = 1`` trains every trial fully and keeps the
-lowest final tuning perplexity. With a bracketing rule (``search``: config ``tuning.bracket``,
-:mod:`flexigpt.core.lr_search`) the grid's points are where the search starts: after
-they are scored it adds trials one at a time (scored the same way) until the best one is
-bracketed on every learning-rate axis, the hard range stops it, or the trial cap does. The chosen trial's model becomes the run's ``trained/``
+lowest final tuning perplexity. With a bracketing rule (``search``: config
+``tuning.bracket``, :mod:`flexigpt.core.lr_search`) the grid's points are where the search
+starts: after they are scored it adds trials one at a time (scored the same way) until the
+best one is bracketed on every learning-rate axis, the hard range stops it, or the trial cap
+does. The chosen trial's model becomes the run's ``trained/``
 directory (hard links) with ``selection.json`` listing every trial (ties: the earlier
 trial). The perplexity test text is never read here.
 
@@ -32,7 +33,13 @@ from typing import TYPE_CHECKING, Any, overload
 
 from flexigpt.core import faults
 from flexigpt.core.fileio import CheckpointError, atomic_directory, atomic_write_text
-from flexigpt.core.lr_search import Bracketing, axis_neighbours, bracket_status, propose
+from flexigpt.core.lr_search import (
+    NOT_SEARCHED,
+    Bracketing,
+    axis_neighbours,
+    bracket_status,
+    propose,
+)
 from flexigpt.core.memory import reuse_freed_memory
 from flexigpt.runtime.training.config import TrainConfig
 from flexigpt.runtime.training.loop import TrainingDivergedError
@@ -218,10 +225,10 @@ def _search_record(sweep: _Sweep, records: list[dict[str, Any]], best: int) -> d
     """The ``search`` entry of a selection: the rule (None: the fixed grid), how many trials
     were scored, and whether the choice is bracketed on the axes the trials vary or search."""
     axes = _axes(sweep)
-    status = bracket_status(sweep.points, [_score(r) for r in records], best, axes,
-                            rule=sweep.rule)
+    status = (bracket_status(sweep.points, [_score(r) for r in records], best, axes,
+                             rule=sweep.rule)["status"] if axes else NOT_SEARCHED)
     return {"rule": sweep.rule.to_dict() if sweep.rule else None, "trials": len(records),
-            "grid_points": sweep.grid_points, "axes": list(axes), "status": status["status"]}
+            "grid_points": sweep.grid_points, "axes": list(axes), "status": status}
 
 
 def _score(record: dict[str, Any]) -> float | None:
