@@ -50,7 +50,8 @@ STAGES = ("start", "final")
 SETTING_KEYS = ("model", "method", "variant", "ratio", "stage")
 TRAIN_LOG_COLUMNS = ("step", "tokens", "loss", "lr", "ppl")
 #: Values of ``labels.table``: which table a result row belongs to.
-TABLES = ("main", "paper_protocol", "kd", "ablation", "extension", "dense", "budget")
+TABLES = ("main", "paper_protocol", "kd", "ablation", "extension", "dense", "budget",
+          "sensitivity")
 LOSSES = ("lm", "kd")
 PROTOCOLS = ("matched", "paper")
 #: FlexiGPT variants that are ablations when a file has no ``labels.table``.
