@@ -144,10 +144,22 @@ def test_a_reused_learning_rate_without_a_reason_is_refused():
     with pytest.raises(ValueError, match=r"without a stated reason: set tuning.reuse.kd"):
         RunGrid.from_config(config)
     del config["tuning"]["bracket"]  # the fixed grid of the earlier reference runs
-    with pytest.raises(ValueError, match="rung_check names 'flexigpt', which is no swept"):
-        RunGrid.from_config(config)  # one grid point and no search: nothing to check
-    del config["tuning"]["rung_check"]
     RunGrid.from_config(config)
+
+
+def test_the_rung_check_needs_a_rung_and_a_sweep():
+    config = copy.deepcopy(_config("config.yaml"))
+    config["tuning"]["rung_check"] = ["flexigpt", "shortgpt_lora"]
+    with pytest.raises(ValueError, match="rung_check needs a rung"):
+        RunGrid.from_config(config)  # rung 1: every trial already trains to the end
+    config["tuning"]["rung"] = 0.375
+    grid = RunGrid.from_config(config)
+    assert sorted(r.name for r in grid.runs.values() if grid.rung_check(r)) == [
+        f"smollm2-135m/{m}/default/{s}" for m in ("flexigpt", "shortgpt_lora")
+        for s in ("r0.3", "r0.4")]
+    del config["tuning"]["bracket"]  # one grid point and no search: nothing to check
+    with pytest.raises(ValueError, match="rung_check names 'flexigpt', which is no swept"):
+        RunGrid.from_config(config)
 
 
 def _selection(tmp_path, trials, chosen):

@@ -240,8 +240,13 @@ class RunGrid:
         return None if kind is None else (self.tuning.get("reuse") or {}).get(kind)
 
     def check_rung_check(self) -> None:
-        """Every ``tuning.rung_check`` entry names a swept Table 1 run (ValueError)."""
-        for name in self.tuning.get("rung_check") or ():
+        """Every ``tuning.rung_check`` entry names a swept Table 1 run, and there is a rung
+        to check (``tuning.rung`` < 1) (ValueError)."""
+        names = self.tuning.get("rung_check") or ()
+        if names and self.tuning_rung >= 1:
+            raise ValueError("tuning.rung_check needs a rung (tuning.rung < 1): with rung 1 "
+                             "every trial already trains to the end")
+        for name in names:
             method, _, variant = name.partition("/")
             if not any(self.rung_check(run) for run in self.runs.values()
                        if run.method == method and run.variant == (variant or "default")):
