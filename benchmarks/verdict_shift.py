@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from flexigpt.storage.registry import ROLES
+from flexigpt.tables.decision import MISSING_RUN as MISSING
 
 #: the claims whose two sides are the Table 1 pair (their chosen LRs are shown)
 PAIR_CLAIMS = ("(a)", "(b)")
@@ -68,10 +69,12 @@ def shift_table(before: Path, after: Path) -> str:
                      f"{row['Verdict before']} | {row['Δ [95% CI] after']} | "
                      f"{row['Verdict after']} | {row.get('Sensitivity after', '–')} | "
                      f"{rates[0]} | {rates[1]} |")
-    changed = int((both["Verdict before"] != both["Verdict after"]).sum())
+    ran = both[~both["Verdict before"].eq(MISSING) & ~both["Verdict after"].eq(MISSING)]
+    changed = int((ran["Verdict before"] != ran["Verdict after"]).sum())
     lines.append("")
-    lines.append(f"{changed} of {len(both)} claim rows changed verdict; A = FlexiGPT*, "
-                 "B = ShortGPT + LoRA* (LR / γ LR chosen by each run's sweep).")
+    lines.append(f"{changed} of the {len(ran)} claim rows run in both changed verdict "
+                 f"({len(both) - len(ran)} not run in one of them); A = FlexiGPT*, B = "
+                 "ShortGPT + LoRA* (LR / γ LR chosen by each run's sweep).")
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,9 @@ import pytest
 from flexigpt.tables.selections import read_selection
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
-SWEEPS = sorted(REFERENCE.glob("*/lr_sweep_*.csv"))
+#: every committed run's sweep table, its sittings (``<run>/bracketed_<commit>/``) included
+SWEEPS = sorted([*REFERENCE.glob("*/lr_sweep_*.csv"),
+                 *REFERENCE.glob("*/bracketed_*/lr_sweep_*.csv")])
 
 #: reference runs made with a fixed two- or three-point grid, before the bracketing search
 #: (their choices sit at grid edges; each reruns with the search in a later sitting)
@@ -33,10 +35,11 @@ def _chosen(path: Path) -> pd.DataFrame:
 
 def test_the_reference_runs_have_sweep_tables():
     assert SWEEPS, "no committed lr_sweep table"
+    assert any(p.parent.name.startswith("bracketed_") for p in SWEEPS), "no searched run"
     assert {p.parent.name for p in SWEEPS} >= FIXED_GRID_RUNS
 
 
-@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: str(p.parent.relative_to(REFERENCE)))
 def test_a_chosen_learning_rate_is_bracketed_or_says_why(path: Path):
     for _, row in _chosen(path).iterrows():
         status = str(row["search_status"])
