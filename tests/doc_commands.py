@@ -13,10 +13,10 @@ config key (``jobs.gpu``, ``device:``, ``tuning.grid.last_blocks``). Checked
   as the user would fill them in); ``flexigpt run ...`` is checked as ``snakemake ...``;
 - ``snakemake ...``: every flag is Snakemake's (its own parser), a ``--configfile`` and a
   ``--workflow-profile`` exist in the tree, every ``--config key=value`` key is in the
-  config schema;
+  config schema (a config file a walkthrough writes itself, ``cat > F <<'EOF'``, exists);
 - ``make T``: T is a Makefile target; ``python -m M``: M is importable; any other tool
   (``hf``, ``huggingface-cli``, ``pip``, ``conda``) must be a console script an installed
-  distribution ships, and ``hf``'s and ``accelerate``'s subcommands answer ``--help``
+  distribution ships, and ``hf``'s subcommands answer ``--help``
   (:data:`EXTERNAL` tools, ``conda``, are the user's own and are not checked);
 - a config key: its dotted path resolves in ``workflow/schemas/config.schema.yaml``; a
   ``key:`` span names a property the schema has somewhere.
@@ -27,6 +27,7 @@ A problem is one line naming the file, the line and what is wrong; the test fail
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("flexigpt", "snakemake", "make", "python", "hf", "huggingface-cli", "pip", "conda",
          "accelerate")
 #: console scripts whose subcommands are checked by running ``tool SUB --help``
-HELP_CHECKED = ("hf", "accelerate")
+HELP_CHECKED = ("hf",)
 #: tools the project does not install (a user's own): named, not checked
 EXTERNAL = ("conda",)
 
@@ -231,12 +232,14 @@ def _check_flags(words: list[str], options: dict[str, argparse.Action], tool: st
     return bad
 
 
+@functools.cache
 def _snakemake_options() -> dict[str, argparse.Action]:
     from snakemake.cli import get_argument_parser
 
     return _options(get_argument_parser())
 
 
+@functools.cache
 def _schema() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
 
@@ -282,10 +285,22 @@ def _all_properties(schema: Any) -> set[str]:
     return names
 
 
+_PROPERTIES: dict[int, set[str]] = {}
+
+
+def _all_properties_of(key: int, schema: dict[str, Any]) -> set[str]:
+    """:func:`_all_properties` of ``schema``, computed once per schema object."""
+    if key not in _PROPERTIES:
+        _PROPERTIES[key] = _all_properties(schema)
+    return _PROPERTIES[key]
+
+
+@functools.cache
 def _console_scripts() -> set[str]:
     return {ep.name for ep in importlib.metadata.entry_points(group="console_scripts")}
 
 
+@functools.cache
 def _make_targets() -> set[str]:
     text = (ROOT / "Makefile").read_text()
     return {m.group(1) for m in re.finditer(r"^([A-Za-z][\w-]*):", text, re.M)}
@@ -395,7 +410,7 @@ def _check_snakemake(args: list[str]) -> list[str]:
         values = [v for v in _values(args[i + 1:]) if not _placeholder(v)]
         if word == "--configfile":
             bad += [f"snakemake --configfile {v}: no such file" for v in values
-                    if not (ROOT / v).is_file()]
+                    if not (ROOT / v).is_file() and v not in _written()]
         if word == "--workflow-profile":
             bad += [f"snakemake --workflow-profile {v}: no such profile" for v in values[:1]
                     if not (ROOT / v).is_dir()]
@@ -409,6 +424,14 @@ def _check_snakemake(args: list[str]) -> list[str]:
                 bad += [f"snakemake --config {item}: {problem}" for problem in
                         filter(None, (schema_path(k) for k in keys))]
     return bad
+
+
+@functools.cache
+def _written() -> frozenset[str]:
+    """Files a document's own block writes (``cat > my-model.yaml <<'EOF'``): a walkthrough
+    may name them."""
+    return frozenset(m.group(1) for path in doc_files(ROOT) if path.suffix == ".md"
+                     for m in re.finditer(r"cat > (\S+) <<", path.read_text(encoding="utf-8")))
 
 
 def _values(words: list[str]) -> list[str]:
@@ -430,7 +453,8 @@ _FILE_SUFFIXES = (".yaml", ".yml", ".json", ".csv", ".md", ".txt", ".py", ".safe
 _MODEL_ATTRIBUTES = ("config", "norm", "name_or_path", "layers", "embed_tokens")
 
 
-def _is_code(parts: list[str]) -> bool:
+@functools.cache
+def _is_code(parts: tuple[str, ...]) -> bool:
     """``a.b...`` names the harness's code: a module ``a/b.py`` or a package ``a/b/`` under
     ``flexigpt/``, or a function, class or constant ``b`` of a module ``a.py``
     (``training.launch.run_spec``, ``calibration.token_windows``)."""
@@ -454,11 +478,11 @@ def check_key(span: str, schema: dict[str, Any]) -> list[str]:
     spans are left alone: they are as often a method's options, a manifest's or a task
     file's fields)."""
     if _DOTTED.match(span) and span.split(".")[0] in schema.get("properties", {}) \
-            and not span.endswith(_FILE_SUFFIXES) and not _is_code(span.split(".")):
+            and not span.endswith(_FILE_SUFFIXES) and not _is_code(tuple(span.split("."))):
         problem = schema_path(span, schema)
         return [problem] if problem else []
     match = _KEY.match(span)
-    if match and match.group(1) not in _all_properties(schema):
+    if match and match.group(1) not in _all_properties_of(id(schema), schema):
         return [f"config key {match.group(1)}: the schema has no such key"]
     return []
 
