@@ -61,6 +61,12 @@ INPUT_PATHS: dict[str, tuple[str, ...]] = {
     "generate": ("model", "prompts_file"), "fetch": ("text",)}
 
 
+#: command → the suffixes of what it writes beside ``--out`` besides the staging names
+#: every save derives (:func:`flexigpt.core.fileio.beside_prefixes`): the trainer's
+#: checkpoint folder and its moved-aside copy. Outputs too: no input may be or lie in them
+BESIDE_OUT: dict[str, tuple[str, ...]] = {"train": (".ckpt", ".ckpt.old")}
+
+
 def _flag_name(dest: str) -> str:
     """How the user wrote an option: ``--prompts-file``; a positional as its metavar."""
     return dest.upper() if dest == "model_dir" else f"--{dest.replace('_', '-')}"
@@ -104,8 +110,9 @@ def _weights_bytes(model: str | None) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> None:
-    """Checks that need no heavy work: the output directory (not foreign, writable), the
-    input text files, the training window length."""
+    """Checks that need no heavy work: the output directory and what is written beside it
+    (apart from every input, not foreign, writable), the input text files, the training
+    window length."""
     from flexigpt.core.fileio import check_apart, check_output
     from flexigpt.core.preflight import check_free_space, check_writable
     from flexigpt.storage.input_files import check_text
@@ -116,9 +123,14 @@ def _preflight(args: argparse.Namespace) -> None:
         written.append((args.json, "--json"))
     for path, flag in written:
         check_apart(path, {_flag_name(name): getattr(args, name, None)
-                           for name in INPUT_PATHS.get(args.command, ())}, flag)
+                           for name in INPUT_PATHS.get(args.command, ())}, flag,
+                    beside=BESIDE_OUT.get(args.command, ()) if flag == "--out" else ())
     if args.command in OUTPUT_KIND and out:
         check_output(out, OUTPUT_KIND[args.command], args.force)
+    if args.command == "train" and out:
+        from flexigpt.runtime.training.checkpoint import check_owned, checkpoint_dir
+
+        check_owned(checkpoint_dir(out))
     if out:
         check_writable(out, "--out", directory=args.command != "evaluate")
     if args.command in OUTPUT_KIND and out:

@@ -18,6 +18,7 @@ from flexigpt.core.fileio.checks import (
     REWRITABLE,
     WORKFLOW_FILES,
     InputOverlapError,
+    beside_prefixes,
     check_apart,
     check_inside,
     check_listed,
@@ -38,16 +39,17 @@ from flexigpt.core.fileio.outputs import (
     clean_partials,
     current_umask,
     force_outputs,
+    foreign_reason,
     kind_of,
     read_json_or_none,
-                                    sha256_file,
+    sha256_file,
     tree_entries,
 )
 
 __all__ = ["MANIFEST", "MARKER", "PICKLE_SUFFIXES", "REWRITABLE", "WORKFLOW_FILES",
-           "InputOverlapError", "check_apart",
+           "InputOverlapError", "beside_prefixes", "check_apart",
            "CheckpointError", "OutputExistsError", "atomic_directory", "atomic_write_bytes",
            "atomic_write_text", "check_inside", "check_listed", "check_output",
-           "clean_partials", "current_umask", "escapes", "force_outputs", "kind_of",
+           "clean_partials", "current_umask", "escapes", "force_outputs", "foreign_reason", "kind_of",
            "read_json_or_none", "sha256_file", "tree_entries", "unlisted", "verify_files",
            "verify_marker"]

@@ -154,6 +154,14 @@ def _foreign(out: Path, kind: str | None) -> str | None:
     return None
 
 
+def foreign_reason(directory: str | os.PathLike, kind: str | None) -> str | None:
+    """Why the harness must not replace or delete ``directory`` (None: absent, empty, or an
+    output of ``kind`` it wrote that holds nothing its marker does not list); the check
+    :func:`check_output` and :func:`atomic_directory` apply, for a caller with its own
+    message (a trainer's checkpoint folder, which ``--force`` does not cover)."""
+    return _foreign(Path(directory), kind)
+
+
 def check_output(out_dir: str | os.PathLike, kind: str | None = None,
                  force: bool | None = None) -> None:
     """Raise :class:`OutputExistsError` if saving to ``out_dir`` would destroy foreign data.
