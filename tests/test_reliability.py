@@ -142,11 +142,16 @@ def test_partials_of_interrupted_saves_are_cleaned(tiny_model, tmp_path):
     for p in (dead, legacy, alive):
         p.mkdir()
         (p / "model.safetensors").write_bytes(b"0" * 100)
+        (p / MARKER).write_text('{"staging": 1}')  # the stamp every staging folder gets
     other = tmp_path / ".n.partial-999999999-abcd"  # another output's partial: not ours
     other.mkdir()
+    foreign = tmp_path / ".m.partial-999999999-mine.old-1234"  # the user's, by its name only
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
     save_compressed(tiny_model, None, manifest_for(), out)
     assert not dead.exists() and not legacy.exists()
     assert alive.exists() and other.exists() and out.is_dir()
+    assert (foreign / "notes.txt").read_text() == "mine"  # no marker: never deleted
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o027])

@@ -111,9 +111,10 @@ def _weights_bytes(model: str | None) -> int:
 
 def _preflight(args: argparse.Namespace) -> None:
     """Checks that need no heavy work: the output directory and what is written beside it
-    (apart from every input, not foreign, writable), the input text files, the training
-    window length."""
-    from flexigpt.core.fileio import check_apart, check_output
+    (apart from every input, not foreign, writable; a previous output a cut swap left
+    aside is restored first, in one line), the input text files, the training window
+    length."""
+    from flexigpt.core.fileio import check_apart, check_output, restore_swapped
     from flexigpt.core.preflight import check_free_space, check_writable
     from flexigpt.storage.input_files import check_text
 
@@ -126,6 +127,11 @@ def _preflight(args: argparse.Namespace) -> None:
                            for name in INPUT_PATHS.get(args.command, ())}, flag,
                     beside=BESIDE_OUT.get(args.command, ()) if flag == "--out" else ())
     if args.command in OUTPUT_KIND and out:
+        restored = restore_swapped(out)
+        if restored is not None:
+            print(f"flexigpt {args.command}: restored the previous --out {out} from "
+                  f"{restored.name} (a save was cut between the two renames of its swap)",
+                  file=sys.stderr)
         check_output(out, OUTPUT_KIND[args.command], args.force)
     if args.command == "train" and out:
         from flexigpt.runtime.training.checkpoint import check_owned, checkpoint_dir

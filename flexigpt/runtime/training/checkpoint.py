@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from flexigpt.core.fileio import (
     OutputExistsError,
     clean_partials,
     foreign_reason,
+    make_staging,
     read_json_or_none,
     tree_entries,
 )
@@ -118,7 +118,7 @@ def save_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
     """Write a checkpoint atomically (``model`` unwrapped; call on the main process only)."""
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     clean_partials(ckpt)  # a save that was killed mid-write
-    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.partial-{os.getpid()}-", dir=ckpt.parent))
+    tmp = make_staging(ckpt)
     old = ckpt.with_name(ckpt.name + ".old")
     try:
         torch.save(trainable_state(model), tmp / "trainable.pt")
