@@ -118,6 +118,20 @@ def test_train_keeps_a_foreign_folder_named_like_its_checkpoint(capsys, model_di
     assert not (tmp_path / "N").exists()
 
 
+def test_empty_values_mean_none_not_the_working_directory(capsys, model_dir, text_file,
+                                                          tmp_path, monkeypatch):
+    """``--validation ''`` and ``--tasks-dir ''`` say "none" (their help); they never stand
+    for the working directory, so an ``--out`` under it is not refused as lying inside them."""
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(_train(model_dir, Path("trained"), text_file)) == 0  # --validation ''
+    assert (tmp_path / "trained" / "manifest.json").is_file()
+    assert cli_main(["evaluate", "--model", str(model_dir), "--out", "eval/result.json",
+                     "--tasks", "", "--tasks-dir", "", "--ppl-text", str(text_file),
+                     "--ppl-seq-len", "16", "--ppl-windows", "2", "--batch-size", "2"]) == 0
+    assert (tmp_path / "eval" / "result.json").is_file()
+    check_apart(tmp_path / "out", {"--validation": "", "--tasks-dir": ""})
+
+
 def test_check_apart_covers_staging_and_temporary_names(tmp_path):
     """Inputs at any name a save derives from ``--out`` (staging, moved-aside, temporary,
     the checkpoint folder's own) are refused; a name that only shares a prefix is not."""

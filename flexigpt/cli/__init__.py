@@ -52,6 +52,12 @@ INPUT_TEXTS: dict[str, tuple[str, ...]] = {"compress": ("calibration",),
                                            "generate": ("prompts_file",)}
 
 
+#: command → its flags whose empty value (``''``) means "none", as their help says: the
+#: value becomes None before any check, never the working directory
+EMPTY_IS_NONE: dict[str, tuple[str, ...]] = {"train": ("validation",),
+                                            "evaluate": ("tasks_dir", "ppl_text")}
+
+
 #: command → its flags naming input paths (models, texts, task data); an output may be none
 #: of them, lie inside none and contain none (``generate`` writes ``--json``)
 INPUT_PATHS: dict[str, tuple[str, ...]] = {
@@ -185,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command])
     from flexigpt.core.fileio import force_outputs
 
+    for name in EMPTY_IS_NONE.get(args.command, ()):
+        if getattr(args, name, None) == "":
+            setattr(args, name, None)
     try:
         with force_outputs(bool(getattr(args, "force", False))):
             check_finite(sub.choices[args.command], args)

@@ -83,8 +83,8 @@ def _beside_overlap(out: Path, source: Path, beside: Iterable[str]) -> str | Non
 def check_apart(out: str | os.PathLike, inputs: dict[str, str | os.PathLike | None],
                 out_flag: str = "--out", beside: Iterable[str] = ()) -> None:
     """Refuse an output that would land in, or replace, an input: ``out`` equal to, inside,
-    or containing any existing path of ``inputs`` (``{flag: path}``; None and paths that do
-    not exist, such as hub ids, are skipped), both resolved through symlinks. What
+    or containing any existing path of ``inputs`` (``{flag: path}``; None, ``''`` (no path: never
+    the working directory) and paths that do not exist, such as hub ids, are skipped), both resolved through symlinks. What
     the command writes beside ``out`` is an output too: the siblings named ``out`` +
     each suffix of ``beside`` (a trainer's ``<out>.ckpt``) and every staging, moved-aside
     and temporary name derived from them (:func:`beside_prefixes`) may neither be nor
@@ -97,7 +97,7 @@ def check_apart(out: str | os.PathLike, inputs: dict[str, str | os.PathLike | No
     target = written.resolve()
     beside = tuple(beside)
     for flag, path in inputs.items():
-        if path is None or not Path(path).expanduser().exists():
+        if path is None or str(path) == "" or not Path(path).expanduser().exists():
             continue
         source = Path(path).expanduser().resolve()
         how = _overlap(target, source)
