@@ -133,9 +133,10 @@ def _foreign(out: Path, kind: str | None) -> str | None:
     if not out.is_dir():
         return "it is not a directory"
     files, dirs = tree_entries(out)
-    if not files and not dirs:
-        return None
     marker = read_json_or_none(out / MARKER)
+    if not dirs and (not files or (files == [MARKER] and isinstance(marker, dict)
+                                   and "staging" in marker)):
+        return None  # empty, or a staging directory of the harness not yet written to
     if isinstance(marker, dict) and isinstance(marker.get("files"), dict):
         listed = set(marker["files"]) | {MARKER}
         parents = {p.rsplit("/", i)[0] for p in listed for i in range(1, p.count("/") + 1)}
