@@ -21,6 +21,7 @@ import importlib
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from safetensors import SafetensorError
 
@@ -163,8 +164,9 @@ def _preflight(args: argparse.Namespace) -> None:
             check_positions(family_config(model_dir), args.seq_len, "--seq-len")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, Any]:
+    """The parser with the chosen command's flags (its module imported), and its
+    subparsers."""
     parser = argparse.ArgumentParser(prog="flexigpt", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -180,12 +182,63 @@ def main(argv: list[str] | None = None) -> int:
         if not any("--force" in a.option_strings for a in train_parser._actions):
             train_parser.add_argument("--force", action="store_true",
                                       help="replace --out even if it is not a saved model")
-    if chosen == "run":  # everything after `run` belongs to snakemake, unparsed
-        cut = argv.index("run") + 1
+    return parser, sub
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    if next((a for a in argv if a in COMMANDS), None) == "run":
+        cut = argv.index("run") + 1  # everything after `run` belongs to snakemake, unparsed
         args = parser.parse_args(argv[:cut])
         args.snakemake_args = argv[cut:]
+        return args
+    return parser.parse_args(argv)
+
+
+def interrupted(err: BaseException) -> bool:
+    """Whether ``err`` is Ctrl-C, or an error raised while Ctrl-C was being handled (a
+    library's clean-up failing on the way out): either ends the command in one line."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def interrupted_line(command: str | None, args: argparse.Namespace | None) -> str:
+    """The one line a Ctrl-C ends ``command`` with: what was kept."""
+    out = _output_flag(args) if args is not None else None
+    if out is None:
+        kept = "outputs are written atomically, so nothing was half-written"
+    elif Path(out).exists():
+        kept = f"--out {out} was not replaced (the previous output there is intact)"
     else:
-        args = parser.parse_args(argv)
+        kept = f"nothing was written to --out {out}"
+    if command == "train" and out is not None and Path(f"{out}.ckpt").is_dir():
+        kept += f"; the training checkpoint {out}.ckpt is kept: rerun to resume from it"
+    return f"flexigpt {command or ''}: interrupted; {kept}".replace("flexigpt :", "flexigpt:")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; every user error and every Ctrl-C (while importing, parsing or
+    working) ends it with one line on stderr (``-v``: the traceback)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except BaseException as err:  # Ctrl-C while importing or parsing, before any work
+        if not interrupted(err) or "-v" in argv or "--verbose" in argv:
+            raise
+        print(interrupted_line(next((a for a in argv if a in COMMANDS), None), None),
+              file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
+    """:func:`main` once it is safe from Ctrl-C: parse, check, run the command."""
+    parser, sub = _build_parser(argv)
+    args = _parse(parser, argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     module = importlib.import_module(COMMANDS[args.command])
@@ -204,14 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         if args.verbose:
             raise
+        if interrupted(err):
+            print(interrupted_line(args.command, args), file=sys.stderr)
+            return 130
         print(f"flexigpt {args.command}: error: {_message(err, args)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        if args.verbose:
+    except BaseException as err:
+        if args.verbose or not interrupted(err):
             raise
-        print(f"flexigpt {args.command}: interrupted; outputs are written atomically, so "
-              "nothing was half-written (a resumable run resumes from its checkpoint)",
-              file=sys.stderr)
+        print(interrupted_line(args.command, args), file=sys.stderr)
         return 130
 
 

@@ -23,6 +23,7 @@ from flexigpt.core.fileio.checks import (
     check_apart,
     check_inside,
     check_listed,
+    check_safetensors,
     escapes,
     unlisted,
     verify_files,
@@ -54,7 +55,7 @@ from flexigpt.core.fileio.outputs import (
 __all__ = ["MANIFEST", "MARKER", "NO_EXCHANGE_ENV", "PICKLE_SUFFIXES", "REWRITABLE",
            "WORKFLOW_FILES", "CheckpointError", "InputOverlapError", "OutputExistsError",
            "atomic_directory", "atomic_write_bytes", "atomic_write_text", "beside_prefixes",
-           "check_apart", "check_inside", "check_listed", "check_output",
+           "check_apart", "check_inside", "check_listed", "check_output", "check_safetensors",
            "clean_partials", "current_umask", "escapes", "exchange", "force_outputs",
            "foreign_reason", "kind_of", "make_staging", "read_json_or_none", "restore_swapped",
            "sha256_file", "tree_entries", "unlisted", "verify_files", "verify_marker"]

@@ -193,3 +193,42 @@ def verify_marker(directory: str | os.PathLike) -> None:
         check_inside(directory, recorded, MARKER)
         check_listed(directory, {*recorded, MARKER}, MARKER)
         verify_files(directory, recorded, MARKER)
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Refuse a damaged safetensors file before a library reads it, naming the file and
+    what is wrong: shorter than the 8-byte header length, a header longer than the file,
+    a header that is not a JSON object, or tensor data that ends past the file's end
+    (truncated, or a header alone). Reads the header only.
+
+    Raises:
+        CheckpointError: one line naming ``path``.
+    """
+    import json
+
+    path = Path(path)
+    size = path.stat().st_size
+    damaged = f"weights file {str(path)!r} is damaged"
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{damaged}: {size} bytes, too short for a safetensors "
+                                  "header")
+        length = int.from_bytes(head, "little")
+        if 8 + length > size:
+            raise CheckpointError(f"{damaged}: its header claims {length:,} bytes, the file "
+                                  f"holds {size - 8:,} after the length (truncated?)")
+        try:
+            header = json.loads(fh.read(length))
+        except ValueError:
+            header = None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{damaged}: its header is not a safetensors JSON header")
+    ends = [entry["data_offsets"][1] for key, entry in header.items()
+            if key != "__metadata__" and isinstance(entry, dict)
+            and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2
+            and isinstance(entry["data_offsets"][1], int)]
+    data = size - 8 - length
+    if ends and max(ends) > data:
+        raise CheckpointError(f"{damaged}: truncated, its tensors need {max(ends):,} bytes of "
+                              f"data and it holds {data:,}")
