@@ -421,3 +421,93 @@ def test_resource_rule_runs_without_venv_on_path(tmp_path):
         cwd=tmp_path, env=_without_venv_path(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "resources" / "models" / "tiny-llama" / "config.json").is_file()
+
+
+# ---- one line for what would leave a user guessing ----------------------------------------
+def _interrupt_in(monkeypatch, module: str, attribute: str, then: BaseException | None):
+    """Make ``module.attribute`` raise Ctrl-C (and, with ``then``, fail with ``then`` while
+    Ctrl-C is handled, as a library's clean-up may)."""
+    import importlib
+
+    def interrupt(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            if then is not None:
+                raise then
+
+    monkeypatch.setattr(importlib.import_module(module), attribute, interrupt)
+
+
+@pytest.mark.parametrize("command,attribute,then", [
+    ("evaluate", "run", TypeError("'NoneType' object is not callable")),
+    ("evaluate", "add_arguments", None),  # while the command's flags are being built
+    ("train", "run", AttributeError("clean-up failed")),
+    ("compress", "run", None),
+])
+def test_ctrl_c_is_one_line(monkeypatch, capsys, tmp_path, command, attribute, then):
+    """Ctrl-C ends any command with one line saying what was kept, exit 130: also while
+    the command's modules load and its flags are built, and when a clean-up fails on the
+    way out (no traceback)."""
+    _interrupt_in(monkeypatch, f"flexigpt.cli.commands.{command}", attribute, then)
+    out = tmp_path / "out"
+    argv = {"evaluate": ["evaluate", "--model", "m", "--out", str(out / "r.json")],
+            "train": ["train", "--model", "m", "--out", str(out), "--tokens", "8"],
+            "compress": ["compress", "--method", "dense", "--model", "m", "--out", str(out)]}
+    monkeypatch.setattr("flexigpt.cli._preflight", lambda args: None)
+    assert cli_main(argv[command]) == 130
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert err[0].startswith(f"flexigpt {command}: interrupted; "), err
+    if attribute == "run":
+        assert str(out) in err[0] and "nothing was written" in err[0], err
+
+
+def test_damaged_weights_file_is_named(tiny_checkpoint, text_file, capsys, tmp_path):
+    """A truncated or header-only ``model.safetensors`` is one line naming the file and
+    what is wrong, not the library's raw deserialisation error."""
+    weights = tiny_checkpoint / "model.safetensors"
+    data = weights.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    argv = ["evaluate", "--model", str(tiny_checkpoint), "--out", str(tmp_path / "r.json"),
+            "--tasks", "", "--ppl-text", str(text_file), "--ppl-seq-len", "16",
+            "--ppl-windows", "1", "--batch-size", "1"]
+    for cut, words in ((8 + length, "truncated"), (len(data) // 2, "truncated"),
+                       (8 + length // 2, "header claims")):
+        weights.write_bytes(data[:cut])
+        capsys.readouterr()
+        assert cli_main(argv) == 2
+        error_line(capsys.readouterr().err, repr(str(weights)), "damaged", words)
+
+
+def test_unknown_architecture_names_the_supported_families(tiny_checkpoint, text_file, capsys,
+                                                             tmp_path):
+    """A model type transformers does not know is refused naming the families the harness
+    supports, not with transformers' advice to install it from source."""
+    config = json.loads((tiny_checkpoint / "config.json").read_text())
+    config["model_type"] = "made_up_family"
+    (tiny_checkpoint / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert cli_main(["evaluate", "--model", str(tiny_checkpoint), "--out",
+                     str(tmp_path / "r.json"), "--tasks", "", "--ppl-text",
+                     str(text_file)]) == 2
+    line = error_line(capsys.readouterr().err, "made_up_family", "llama", "opt")
+    assert "source" not in line
+
+
+@pytest.mark.parametrize("command", ["compress", "train", "evaluate"])
+def test_a_text_of_control_characters_is_refused(tiny_checkpoint, capsys, tmp_path, command):
+    """NUL bytes are valid UTF-8 but no text: refused as training, calibration and
+    perplexity text, before any work."""
+    text = tmp_path / "nul.txt"
+    text.write_bytes(b"\0" * 4000 + b"a few words\n")
+    out = tmp_path / "out"
+    argv = {"compress": compress_args(tiny_checkpoint, out, "--calibration", str(text)),
+            "train": ["train", "--model", str(tiny_checkpoint), "--out", str(out), "--tokens",
+                      "64", "--text", str(text), "--validation", "", "--recipe", "lora"],
+            "evaluate": ["evaluate", "--model", str(tiny_checkpoint), "--out",
+                         str(out / "r.json"), "--tasks", "", "--ppl-text", str(text)]}[command]
+    capsys.readouterr()
+    assert cli_main(argv) == 2
+    error_line(capsys.readouterr().err, repr(str(text)), "control characters")
+    assert not out.exists()

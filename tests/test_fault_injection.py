@@ -205,6 +205,50 @@ def test_kill_then_rerun_equals_uninterrupted(stage, kill, previous, references,
     assert_same(snapshot(work), reference)
 
 
+# ---- the swap of a save over a previous output ---------------------------------------------
+#: a save through the harness's atomic directory (no model: the swap is what is tested)
+_SAVE = ("import sys\nfrom pathlib import Path\nfrom flexigpt.core.fileio import "
+         "atomic_directory\nwith atomic_directory(sys.argv[1]) as staged:\n"
+         "    (Path(staged) / 'weights').write_text(sys.argv[2])\n")
+
+
+def _save(out: Path, text: str, exchange: bool, kill: str | None = None) -> None:
+    mark = out.parent.parent / f"{out.parent.name}.killed"  # outside the folder compared
+    mark.unlink(missing_ok=True)
+    # FLEXIGPT_NO_EXCHANGE (fileio.NO_EXCHANGE_ENV): two renames, as where there is no exchange
+    env = {**_env(kill, mark), **({} if exchange else {"FLEXIGPT_NO_EXCHANGE": "1"})}
+    done = subprocess.run([sys.executable, "-c", _SAVE, str(out), text], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == (-signal.SIGKILL if kill else 0), done.stderr[-2000:]
+    assert mark.is_file() == bool(kill)
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_kill_at_the_swap_keeps_an_output(exchange, tmp_path, capsys):
+    """kill -9 at the swap of a save over a previous output: with the one-step exchange,
+    ``--out`` holds the previous or the new output right after the kill; with two renames
+    (a file system without the exchange), the next command naming ``--out`` restores the
+    previous output first and says so in one line. The next save leaves nothing beside it."""
+    from flexigpt.cli import main as cli_main
+
+    out = tmp_path / "out"
+    _save(out, "previous", exchange)
+    _save(out, "new", exchange, kill="save:swap")
+    if exchange:
+        assert (out / "weights").read_text() in ("previous", "new")
+    else:
+        assert not out.exists()  # cut between the two renames
+        capsys.readouterr()
+        cli_main(["compress", "--method", "dense", "--model", str(tmp_path / "no-model"),
+                  "--out", str(out)])
+        said = [ln for ln in capsys.readouterr().err.splitlines() if "restored" in ln]
+        assert len(said) == 1 and "restored the previous --out" in said[0], said
+        assert (out / "weights").read_text() == "previous"
+    _save(out, "newer", exchange)
+    assert (out / "weights").read_text() == "newer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 # ---- a small DAG, killed as a whole (Snakemake and its jobs) ---------------------------------
 MINI = {
     "model": {"key": "tiny-llama", "name": "tiny random Llama", "path":

@@ -6,6 +6,7 @@ the folders its rules write."""
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,82 @@ def test_train_evaluate_generate_export_refuse_their_inputs(capsys, model_dir, t
     _refused(capsys, ["generate", "--model", str(model_dir), "--prompts", "Hello",
                       "--json", str(model_dir / "texts.json")], "--json", "--model")
     _refused(capsys, ["export", str(model_dir), "--out", str(model_dir)], "MODEL_DIR")
+
+
+# ---- what a command writes beside --out is an output too ----------------------------------
+def _train(model: Path, out: Path, text: Path, *extra: str) -> list[str]:
+    return ["train", "--model", str(model), "--out", str(out), "--tokens", "64", "--text",
+            str(text), "--validation", "", "--seq-len", "16", "--micro-batch", "1",
+            "--global-batch", "1", "--recipe", "lora", *extra]
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_train_never_uses_its_model_as_checkpoint_folder(capsys, model_dir, text_file,
+                                                         tmp_path, force):
+    """``--model M.ckpt --out M``: the trainer's checkpoint folder ``<out>.ckpt`` would be
+    the model, deleted after the run."""
+    model = tmp_path / "M.ckpt"
+    shutil.copytree(model_dir, model)
+    before = _snapshot(model)
+    _refused(capsys, _train(model, tmp_path / "M", text_file, *force),
+             "M.ckpt beside it, which is the input --model")
+    assert _snapshot(model) == before
+
+
+def test_train_never_writes_over_its_text(capsys, model_dir, text_file, tmp_path):
+    """``--text K.ckpt/train.txt --out K``: the checkpoint folder holds the training text."""
+    text = tmp_path / "K.ckpt" / "train.txt"
+    text.parent.mkdir()
+    shutil.copy(text_file, text)
+    _refused(capsys, _train(model_dir, tmp_path / "K", text),
+             "K.ckpt beside it, which contains the input --text")
+    assert text.read_bytes() == text_file.read_bytes()
+
+
+@pytest.mark.parametrize("name", ["N.ckpt", "N.ckpt.old"])
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_train_keeps_a_foreign_folder_named_like_its_checkpoint(capsys, model_dir, text_file,
+                                                                tmp_path, name, force):
+    """A folder of the user's at ``<out>.ckpt`` (or its moved-aside ``.old``) is neither
+    resumed from, replaced nor deleted, ``--force`` or not: one line, exit 2."""
+    mine = tmp_path / name
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert cli_main(_train(model_dir, tmp_path / "N", text_file, *force)) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and name in err[0] and "refusing" in err[0], err
+    assert (mine / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "N").exists()
+
+
+def test_empty_values_mean_none_not_the_working_directory(capsys, model_dir, text_file,
+                                                          tmp_path, monkeypatch):
+    """``--validation ''`` and ``--tasks-dir ''`` say "none" (their help); they never stand
+    for the working directory, so an ``--out`` under it is not refused as lying inside them."""
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(_train(model_dir, Path("trained"), text_file)) == 0  # --validation ''
+    assert (tmp_path / "trained" / "manifest.json").is_file()
+    assert cli_main(["evaluate", "--model", str(model_dir), "--out", "eval/result.json",
+                     "--tasks", "", "--tasks-dir", "", "--ppl-text", str(text_file),
+                     "--ppl-seq-len", "16", "--ppl-windows", "2", "--batch-size", "2"]) == 0
+    assert (tmp_path / "eval" / "result.json").is_file()
+    check_apart(tmp_path / "out", {"--validation": "", "--tasks-dir": ""})
+
+
+def test_check_apart_covers_staging_and_temporary_names(tmp_path):
+    """Inputs at any name a save derives from ``--out`` (staging, moved-aside, temporary,
+    the checkpoint folder's own) are refused; a name that only shares a prefix is not."""
+    out = tmp_path / "out"
+    for name in (".out.partial-1-abc", ".out.partial-1-abc.old-12345678", "..out.partial-9",
+                 ".out.tmp-x", ".out.ckpt.partial-3-y", "out.ckpt.old"):
+        source = tmp_path / name / "model"
+        source.mkdir(parents=True)
+        with pytest.raises(InputOverlapError, match="beside it, which contains the input"):
+            check_apart(out, {"--model": source}, beside=(".ckpt", ".ckpt.old"))
+    (tmp_path / "outer.ckpt").mkdir()
+    check_apart(out, {"--model": tmp_path / "outer.ckpt"}, beside=(".ckpt",))
+    check_apart(out, {"--model": tmp_path / "out.ckpt.old"})  # no checkpoint folder written
 
 
 def test_check_apart_skips_missing_inputs_and_unrelated_paths(tmp_path):

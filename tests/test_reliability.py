@@ -142,11 +142,16 @@ def test_partials_of_interrupted_saves_are_cleaned(tiny_model, tmp_path):
     for p in (dead, legacy, alive):
         p.mkdir()
         (p / "model.safetensors").write_bytes(b"0" * 100)
+        (p / MARKER).write_text('{"staging": 1}')  # the stamp every staging folder gets
     other = tmp_path / ".n.partial-999999999-abcd"  # another output's partial: not ours
     other.mkdir()
+    foreign = tmp_path / ".m.partial-999999999-mine.old-1234"  # the user's, by its name only
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
     save_compressed(tiny_model, None, manifest_for(), out)
     assert not dead.exists() and not legacy.exists()
     assert alive.exists() and other.exists() and out.is_dir()
+    assert (foreign / "notes.txt").read_text() == "mine"  # no marker: never deleted
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o027])
@@ -428,14 +433,14 @@ def test_owner_record_follows_the_run(tmp_path):
     ``flexigpt run`` clears; a run that ends by itself leaves no record."""
     from flexigpt.cli.commands.run import LOCK_DIR, OWNER_FILE, OwnerRecord, clear_stale_lock
 
-    script = ("import pathlib, time; d = pathlib.Path('.snakemake/locks'); "
+    script = ("import pathlib, time; time.sleep(0.3); d = pathlib.Path('.snakemake/locks'); "
               "d.mkdir(parents=True, exist_ok=True); (d / '0.output.lock').write_text('x'); "
               "time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
     owner = OwnerRecord(tmp_path, child, poll=0.05)
     record = tmp_path / LOCK_DIR / OWNER_FILE
     for _ in range(200):
-        if "0.output.lock" in json.loads(record.read_text())["locks"]:
+        if record.exists() and "0.output.lock" in json.loads(record.read_text())["locks"]:
             break
         time.sleep(0.05)
     assert clear_stale_lock(tmp_path) == []  # live
@@ -449,6 +454,48 @@ def test_owner_record_follows_the_run(tmp_path):
     quick.wait()
     done.close()
     assert not record.exists()
+
+
+_LIVE_RUN = ("import pathlib, time; time.sleep(0.3); d = pathlib.Path('.snakemake/locks'); "
+             "d.mkdir(parents=True, exist_ok=True); (d / '0.input.lock').write_text('x'); "
+             "(d / '0.output.lock').write_text('x'); time.sleep(120)")
+
+
+@pytest.mark.parametrize("flags", [[], ["-X", "dev"], ["-u", "-B"]])
+def test_later_runs_never_take_or_remove_a_live_runs_lock(tmp_path, monkeypatch, capsys,
+                                                          flags):
+    """One live ``flexigpt run`` holds the lock; a second, third and fourth ``flexigpt run``
+    in the same directory are refused by Snakemake (here: a stand-in that takes no lock and
+    fails), and none of them rewrites the owner record or removes the live run's lock."""
+    from flexigpt.cli import main as cli_main
+    from flexigpt.cli.commands import run as run_command
+    from flexigpt.cli.commands.run import LOCK_DIR, OWNER_FILE, OwnerRecord
+
+    monkeypatch.chdir(tmp_path)
+    live = subprocess.Popen([sys.executable, *flags, "-c", _LIVE_RUN], cwd=tmp_path)
+    owner = OwnerRecord(tmp_path, live, poll=0.05)
+    record = tmp_path / LOCK_DIR / OWNER_FILE
+    try:
+        for _ in range(200):
+            if record.exists() and len(json.loads(record.read_text())["locks"]) == 2:
+                break
+            time.sleep(0.05)
+        held = json.loads(record.read_text())
+        assert held["pid"] == live.pid
+        locks = sorted((tmp_path / LOCK_DIR).glob("*.lock"))
+        identities = [p.stat().st_ino for p in locks]
+        refused = [sys.executable, "-c", "import time; time.sleep(0.6); raise SystemExit(1)"]
+        monkeypatch.setattr(run_command, "snakemake_command", lambda args: refused)
+        for later in range(3):  # the second, third and fourth run
+            assert cli_main(["run", "--cores", "1"]) == 1, later
+            assert json.loads(record.read_text()) == held, later
+            assert [p.stat().st_ino for p in locks] == identities, later
+        assert "removed a stale Snakemake lock" not in capsys.readouterr().err
+    finally:
+        live.kill()
+        live.wait()
+        owner.close()
+    assert json.loads(record.read_text()) == held  # killed: its record stays for the next run
 
 
 def test_no_proc_leaves_the_lock(tmp_path):

@@ -21,6 +21,7 @@ import importlib
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from safetensors import SafetensorError
 
@@ -52,6 +53,12 @@ INPUT_TEXTS: dict[str, tuple[str, ...]] = {"compress": ("calibration",),
                                            "generate": ("prompts_file",)}
 
 
+#: command → its flags whose empty value (``''``) means "none", as their help says: the
+#: value becomes None before any check, never the working directory
+EMPTY_IS_NONE: dict[str, tuple[str, ...]] = {"train": ("validation",),
+                                            "evaluate": ("tasks_dir", "ppl_text")}
+
+
 #: command → its flags naming input paths (models, texts, task data); an output may be none
 #: of them, lie inside none and contain none (``generate`` writes ``--json``)
 INPUT_PATHS: dict[str, tuple[str, ...]] = {
@@ -59,6 +66,12 @@ INPUT_PATHS: dict[str, tuple[str, ...]] = {
     "train": ("model", "teacher", "text", "validation"),
     "evaluate": ("model", "tasks_dir", "ppl_text"), "export": ("model_dir",),
     "generate": ("model", "prompts_file"), "fetch": ("text",)}
+
+
+#: command → the suffixes of what it writes beside ``--out`` besides the staging names
+#: every save derives (:func:`flexigpt.core.fileio.beside_prefixes`): the trainer's
+#: checkpoint folder and its moved-aside copy. Outputs too: no input may be or lie in them
+BESIDE_OUT: dict[str, tuple[str, ...]] = {"train": (".ckpt", ".ckpt.old")}
 
 
 def _flag_name(dest: str) -> str:
@@ -104,9 +117,11 @@ def _weights_bytes(model: str | None) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> None:
-    """Checks that need no heavy work: the output directory (not foreign, writable), the
-    input text files, the training window length."""
-    from flexigpt.core.fileio import check_apart, check_output
+    """Checks that need no heavy work: the output directory and what is written beside it
+    (apart from every input, not foreign, writable; a previous output a cut swap left
+    aside is restored first, in one line), the input text files, the training window
+    length."""
+    from flexigpt.core.fileio import check_apart, check_output, restore_swapped
     from flexigpt.core.preflight import check_free_space, check_writable
     from flexigpt.storage.input_files import check_text
 
@@ -116,9 +131,19 @@ def _preflight(args: argparse.Namespace) -> None:
         written.append((args.json, "--json"))
     for path, flag in written:
         check_apart(path, {_flag_name(name): getattr(args, name, None)
-                           for name in INPUT_PATHS.get(args.command, ())}, flag)
+                           for name in INPUT_PATHS.get(args.command, ())}, flag,
+                    beside=BESIDE_OUT.get(args.command, ()) if flag == "--out" else ())
     if args.command in OUTPUT_KIND and out:
+        restored = restore_swapped(out)
+        if restored is not None:
+            print(f"flexigpt {args.command}: restored the previous --out {out} from "
+                  f"{restored.name} (a save was cut between the two renames of its swap)",
+                  file=sys.stderr)
         check_output(out, OUTPUT_KIND[args.command], args.force)
+    if args.command == "train" and out:
+        from flexigpt.runtime.training.checkpoint import check_owned, checkpoint_dir
+
+        check_owned(checkpoint_dir(out))
     if out:
         check_writable(out, "--out", directory=args.command != "evaluate")
     if args.command in OUTPUT_KIND and out:
@@ -139,8 +164,9 @@ def _preflight(args: argparse.Namespace) -> None:
             check_positions(family_config(model_dir), args.seq_len, "--seq-len")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, Any]:
+    """The parser with the chosen command's flags (its module imported), and its
+    subparsers."""
     parser = argparse.ArgumentParser(prog="flexigpt", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -156,17 +182,71 @@ def main(argv: list[str] | None = None) -> int:
         if not any("--force" in a.option_strings for a in train_parser._actions):
             train_parser.add_argument("--force", action="store_true",
                                       help="replace --out even if it is not a saved model")
-    if chosen == "run":  # everything after `run` belongs to snakemake, unparsed
-        cut = argv.index("run") + 1
+    return parser, sub
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    if next((a for a in argv if a in COMMANDS), None) == "run":
+        cut = argv.index("run") + 1  # everything after `run` belongs to snakemake, unparsed
         args = parser.parse_args(argv[:cut])
         args.snakemake_args = argv[cut:]
+        return args
+    return parser.parse_args(argv)
+
+
+def interrupted(err: BaseException) -> bool:
+    """Whether ``err`` is Ctrl-C, or an error raised while Ctrl-C was being handled (a
+    library's clean-up failing on the way out): either ends the command in one line."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def interrupted_line(command: str | None, args: argparse.Namespace | None) -> str:
+    """The one line a Ctrl-C ends ``command`` with: what was kept."""
+    out = _output_flag(args) if args is not None else None
+    if out is None:
+        kept = "outputs are written atomically, so nothing was half-written"
+    elif Path(out).exists():
+        kept = f"--out {out} was not replaced (the previous output there is intact)"
     else:
-        args = parser.parse_args(argv)
+        kept = f"nothing was written to --out {out}"
+    if command == "train" and out is not None and Path(f"{out}.ckpt").is_dir():
+        kept += f"; the training checkpoint {out}.ckpt is kept: rerun to resume from it"
+    return f"flexigpt {command or ''}: interrupted; {kept}".replace("flexigpt :", "flexigpt:")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; every user error and every Ctrl-C (while importing, parsing or
+    working) ends it with one line on stderr (``-v``: the traceback)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except BaseException as err:  # Ctrl-C while importing or parsing, before any work
+        if not interrupted(err) or "-v" in argv or "--verbose" in argv:
+            raise
+        print(interrupted_line(next((a for a in argv if a in COMMANDS), None), None),
+              file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
+    """:func:`main` once it is safe from Ctrl-C: parse, check, run the command."""
+    parser, sub = _build_parser(argv)
+    args = _parse(parser, argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     module = importlib.import_module(COMMANDS[args.command])
     from flexigpt.core.fileio import force_outputs
 
+    for name in EMPTY_IS_NONE.get(args.command, ()):
+        if getattr(args, name, None) == "":
+            setattr(args, name, None)
     try:
         with force_outputs(bool(getattr(args, "force", False))):
             check_finite(sub.choices[args.command], args)
@@ -177,14 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         if args.verbose:
             raise
+        if interrupted(err):
+            print(interrupted_line(args.command, args), file=sys.stderr)
+            return 130
         print(f"flexigpt {args.command}: error: {_message(err, args)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        if args.verbose:
+    except BaseException as err:
+        if args.verbose or not interrupted(err):
             raise
-        print(f"flexigpt {args.command}: interrupted; outputs are written atomically, so "
-              "nothing was half-written (a resumable run resumes from its checkpoint)",
-              file=sys.stderr)
+        print(interrupted_line(args.command, args), file=sys.stderr)
         return 130
 
 

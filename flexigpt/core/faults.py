@@ -7,7 +7,8 @@ would); ``FLEXIGPT_KILL_MARK=<file>`` is written first, so a test knows the kill
 Unset (always, outside tests), a point costs one environment lookup.
 
 Points (``tests/test_fault_injection.py`` kills at each): ``save:staged`` / ``save:swap``
-(:func:`flexigpt.core.fileio.atomic_directory` before / between its renames),
+(:func:`flexigpt.core.fileio.atomic_directory` before its swap / right after the exchange,
+or between its two renames where there is none),
 ``write:staged`` (:func:`~flexigpt.core.fileio.atomic_write_text`), ``ckpt:staged`` /
 ``ckpt:swap`` (training checkpoints), ``train:step`` (after each optimizer step),
 ``sweep:rung`` / ``sweep:publish`` (:func:`flexigpt.runtime.training.tuning.run_sweep`),

@@ -68,6 +68,7 @@ from flexigpt.core.fileio import (
     check_inside,
     check_listed,
     check_output,
+    check_safetensors,
     tree_entries,
     verify_files,
 )
@@ -345,6 +346,7 @@ def _load_weights(model: nn.Module, weights: Path, method: str) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_model as st_load_model
 
+    check_safetensors(weights)  # a damaged file named, with what is wrong
     try:
         missing, unexpected = st_load_model(model, str(weights), strict=False)
     except (SafetensorError, OSError, RuntimeError) as err:

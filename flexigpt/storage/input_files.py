@@ -55,11 +55,35 @@ def check_text(path: str | os.PathLike, what: str = "text file") -> Path:
     """:func:`read_text` (a regular UTF-8 file, as recorded), which must hold something.
 
     Raises:
-        InputFileError: as :func:`read_text`, or the file is empty / whitespace only.
+        InputFileError: as :func:`read_text`, or the file is empty / whitespace only, or
+            mostly control characters (:data:`MAX_CONTROL_SHARE`: NUL bytes are valid
+            UTF-8 but no text to train, calibrate or score on).
     """
-    if not read_text(path, what).strip():
+    text = read_text(path, what)
+    if not text.strip():
         raise InputFileError(f"{what} {str(path)!r} is empty")
+    control = control_share(text)
+    if control > MAX_CONTROL_SHARE:
+        raise InputFileError(f"{what} {str(path)!r} is {control:.0%} control characters (NUL "
+                             "bytes or other non-text), not text")
     return Path(path)
+
+
+#: the largest share of control characters (other than tab, newline, carriage return and
+#: form feed) a text file may hold: a file of NUL bytes or binary data is no text
+MAX_CONTROL_SHARE = 0.5
+
+
+def control_share(text: str) -> float:
+    """The share of ``text``'s characters that are control characters (Unicode category
+    ``Cc``) other than whitespace; 0.0 for an empty text."""
+    import unicodedata
+
+    if not text:
+        return 0.0
+    control = sum(1 for ch in text if ch not in "\t\n\r\f\v"
+                  and unicodedata.category(ch) == "Cc")
+    return control / len(text)
 
 
 def recorded_digest(path: str | os.PathLike) -> tuple[Path, str, str] | None:

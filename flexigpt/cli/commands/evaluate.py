@@ -21,10 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="task data: local jsonl files or lm-eval's hub datasets")
     p.add_argument("--tasks-dir", default="resources/tasks",
                    help="folder of the task data, <task>/<split>.jsonl (source local; "
-                        "`flexigpt fetch tasks` builds resources/tasks)")
+                        "`flexigpt fetch tasks` builds resources/tasks; '' for none)")
     p.add_argument("--benchmarks", help=argparse.SUPPRESS)  # the old name, refused by name
     p.add_argument("--ppl-text", default="resources/text/wiki/validation.txt",
-                   help="held-out text for perplexity")
+                   help="held-out text for perplexity ('' to skip, as --no-ppl)")
     p.add_argument("--no-ppl", action="store_true", help="skip perplexity")
     p.add_argument("--ppl-seq-len", type=int, default=2048, help="perplexity window length")
     p.add_argument("--ppl-windows", type=int, help="number of windows (default: all)")

@@ -6,7 +6,8 @@ cut simply runs again). A kill -9 leaves Snakemake's lock in ``.snakemake/locks/
 ``snakemake`` then stops with ``LockException`` until ``--unlock``; this command removes the
 lock first when it is *stale*: the ``flexigpt run`` that started it recorded the snakemake
 process (pid and start time, :class:`OwnerRecord`) and its lock files, that process is gone,
-and the lock files are the ones it recorded. Nothing is decided from command lines: a lock
+and the lock files are the ones it recorded. The record is written only by a run whose
+snakemake took the lock; a run refused because another holds it writes nothing. Nothing is decided from command lines: a lock
 of a run started any other way (``python -X dev -m snakemake ...``), of a live run, or one
 the record does not name is left alone, and Snakemake's own message says what to do.
 """
@@ -102,19 +103,37 @@ def clear_stale_lock(workdir: Path, proc: Path = Path("/proc")) -> list[Path]:
     return locks
 
 
+def _lock_files(lock_dir: Path) -> dict[str, list[int]]:
+    """``{name: identity}`` of the lock files in ``lock_dir`` now (one removed meanwhile is
+    left out)."""
+    locks = {}
+    for lock in lock_dir.glob("*.lock"):
+        try:
+            locks[lock.name] = lock_identity(lock)
+        except OSError:
+            continue
+    return locks
+
+
 class OwnerRecord:
-    """Keeps ``OWNER_FILE`` for the snakemake process ``child`` while it runs: written at
-    once (pid, start time), then again with the lock files' identities as soon as they
-    appear; removed when the run ends without leaving a lock (a killed run leaves both, for
-    :func:`clear_stale_lock`)."""
+    """Keeps ``OWNER_FILE`` for the snakemake process ``child`` once it holds a lock.
+
+    The record belongs to the run that holds the lock: it is written only when lock files
+    appear that were not there when the child started (``before``, taken before it was
+    started), naming the child (pid, start time) and those files alone. A run that
+    Snakemake refuses (another run holds the lock) takes no lock, so it never writes the
+    record and never names another run's lock files as its own. It is removed when its run
+    ends without leaving its locks behind (a killed run leaves both, for
+    :func:`clear_stale_lock`); a record this run did not write is never touched."""
 
     def __init__(self, workdir: Path, child: subprocess.Popen, proc: Path = Path("/proc"),
-                 poll: float = 0.2) -> None:
+                 poll: float = 0.2, before: dict[str, list[int]] | None = None) -> None:
         self.path = workdir / LOCK_DIR / OWNER_FILE
         self.child, self.poll = child, poll
+        self.before = _lock_files(self.path.parent) if before is None else before
         self.record: dict[str, Any] = {"pid": child.pid, "start": process_start(child.pid, proc),
                                        "locks": {}}
-        self._write()
+        self.written = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -122,26 +141,32 @@ class OwnerRecord:
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path, json.dumps(self.record, sort_keys=True))
+        self.written = True
 
     def _watch(self) -> None:
         while not self._stop.is_set() and self.child.poll() is None:
-            locks = {}
-            for lock in self.path.parent.glob("*.lock"):
-                try:
-                    locks[lock.name] = lock_identity(lock)
-                except OSError:  # removed meanwhile
-                    continue
+            locks = {name: ident for name, ident in _lock_files(self.path.parent).items()
+                     if self.before.get(name) != ident}
             if locks and locks != self.record["locks"]:
                 self.record["locks"] = locks
                 self._write()
             self._stop.wait(self.poll)
 
     def close(self) -> None:
-        """Stop watching; once the child has ended, remove the record unless it left a lock
-        behind (killed: the record lets the next run clear that lock)."""
+        """Stop watching; once the child has ended, remove the record it wrote unless one of
+        its lock files is still there (killed: the record lets the next run clear it)."""
         self._stop.set()
         self._thread.join()
-        if self.child.poll() is not None and not any(self.path.parent.glob("*.lock")):
+        if not self.written or self.child.poll() is None:
+            return
+        current = _lock_files(self.path.parent)
+        if any(current.get(name) == ident for name, ident in self.record["locks"].items()):
+            return
+        try:
+            mine = json.loads(self.path.read_text()) == self.record
+        except (OSError, ValueError):
+            mine = False
+        if mine:
             self.path.unlink(missing_ok=True)
 
 
@@ -244,8 +269,9 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", err)
         return 1
     clear_stale_lock(workdir)
+    before = _lock_files(workdir / LOCK_DIR)  # another run's locks are never taken as ours
     child = subprocess.Popen(snakemake_command(passed))
-    owner = OwnerRecord(workdir, child)
+    owner = OwnerRecord(workdir, child, before=before)
     try:
         return child.wait()
     except KeyboardInterrupt:  # snakemake got the same SIGINT: let it stop its jobs

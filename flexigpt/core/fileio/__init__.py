@@ -3,7 +3,8 @@
 
     flexigpt.core.fileio.outputs   outputs that appear complete or not at all: atomic_directory,
                               atomic_write_text/bytes, the output marker, check_output,
-                              clean_partials, force_outputs, sha256_file
+                              clean_partials, exchange, restore_swapped, force_outputs,
+                              sha256_file
     flexigpt.core.fileio.checks    a directory holds only what was recorded, nothing outside
                               itself, an output apart from its inputs: check_apart, check_inside, check_listed, unlisted, verify_files,
                               verify_marker
@@ -18,9 +19,11 @@ from flexigpt.core.fileio.checks import (
     REWRITABLE,
     WORKFLOW_FILES,
     InputOverlapError,
+    beside_prefixes,
     check_apart,
     check_inside,
     check_listed,
+    check_safetensors,
     escapes,
     unlisted,
     verify_files,
@@ -29,6 +32,7 @@ from flexigpt.core.fileio.checks import (
 from flexigpt.core.fileio.outputs import (
     MANIFEST,
     MARKER,
+    NO_EXCHANGE_ENV,
     CheckpointError,
     OutputExistsError,
     atomic_directory,
@@ -37,17 +41,21 @@ from flexigpt.core.fileio.outputs import (
     check_output,
     clean_partials,
     current_umask,
+    exchange,
     force_outputs,
+    foreign_reason,
     kind_of,
+    make_staging,
     read_json_or_none,
-                                    sha256_file,
+    restore_swapped,
+    sha256_file,
     tree_entries,
 )
 
-__all__ = ["MANIFEST", "MARKER", "PICKLE_SUFFIXES", "REWRITABLE", "WORKFLOW_FILES",
-           "InputOverlapError", "check_apart",
-           "CheckpointError", "OutputExistsError", "atomic_directory", "atomic_write_bytes",
-           "atomic_write_text", "check_inside", "check_listed", "check_output",
-           "clean_partials", "current_umask", "escapes", "force_outputs", "kind_of",
-           "read_json_or_none", "sha256_file", "tree_entries", "unlisted", "verify_files",
-           "verify_marker"]
+__all__ = ["MANIFEST", "MARKER", "NO_EXCHANGE_ENV", "PICKLE_SUFFIXES", "REWRITABLE",
+           "WORKFLOW_FILES", "CheckpointError", "InputOverlapError", "OutputExistsError",
+           "atomic_directory", "atomic_write_bytes", "atomic_write_text", "beside_prefixes",
+           "check_apart", "check_inside", "check_listed", "check_output", "check_safetensors",
+           "clean_partials", "current_umask", "escapes", "exchange", "force_outputs",
+           "foreign_reason", "kind_of", "make_staging", "read_json_or_none", "restore_swapped",
+           "sha256_file", "tree_entries", "unlisted", "verify_files", "verify_marker"]

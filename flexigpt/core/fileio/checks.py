@@ -42,32 +42,77 @@ class InputOverlapError(ValueError):
     """An output path that is, lies inside, or contains one of the command's inputs."""
 
 
+def beside_prefixes(name: str) -> tuple[str, ...]:
+    """The name prefixes of what a save to a path called ``name`` writes, or removes,
+    beside it: its staging directories (``.<name>.partial-*``, with the ``.old-*`` a swap
+    moves the previous output to; ``..<name>.partial-*`` of a save nested in one) and the
+    temporaries of an atomic file write (``.<name>.tmp-*``)."""
+    return (f".{name}.partial-", f"..{name}.partial-", f".{name}.tmp-")
+
+
+def _overlap(target: Path, source: Path) -> str | None:
+    """How ``target`` (an output) and ``source`` (an input) overlap, both resolved: ``is``,
+    ``lies inside``, ``contains``; None when they are apart."""
+    if target == source:
+        return "is"
+    if source in target.parents:
+        return "lies inside"
+    if target in source.parents:
+        return "contains"
+    return None
+
+
+def _beside_overlap(out: Path, source: Path, beside: Iterable[str]) -> str | None:
+    """The path written beside ``out`` that is or contains the input ``source`` (resolved),
+    as the user would see it; None when there is none. ``beside`` are the suffixes of the
+    fixed sibling names (``.ckpt``); every sibling's staging and temporary names
+    (:func:`beside_prefixes`) are checked as well."""
+    parent = out.parent.resolve()
+    names = [out.name] + [out.name + suffix for suffix in beside]
+    for name in names[1:]:
+        sibling = (parent / name).resolve()
+        if sibling == source or sibling in source.parents:
+            return str(out.parent / name)
+    prefixes = tuple(p for name in names for p in beside_prefixes(name))
+    for part in (source, *source.parents):
+        if part.parent == parent and part.name.startswith(prefixes):
+            return str(out.parent / part.name)
+    return None
+
+
 def check_apart(out: str | os.PathLike, inputs: dict[str, str | os.PathLike | None],
-                out_flag: str = "--out") -> None:
+                out_flag: str = "--out", beside: Iterable[str] = ()) -> None:
     """Refuse an output that would land in, or replace, an input: ``out`` equal to, inside,
-    or containing any existing path of ``inputs`` (``{flag: path}``; None and paths that do
-    not exist, such as hub ids, are skipped), both resolved through symlinks. One line
-    naming both paths, before any work.
+    or containing any existing path of ``inputs`` (``{flag: path}``; None, ``''`` (no path: never
+    the working directory) and paths that do not exist, such as hub ids, are skipped), both resolved through symlinks. What
+    the command writes beside ``out`` is an output too: the siblings named ``out`` +
+    each suffix of ``beside`` (a trainer's ``<out>.ckpt``) and every staging, moved-aside
+    and temporary name derived from them (:func:`beside_prefixes`) may neither be nor
+    contain an input. One line naming both paths, before any work.
 
     Raises:
         InputOverlapError: the first overlap found.
     """
-    target = Path(out).expanduser().resolve()
+    written = Path(out).expanduser().absolute()
+    target = written.resolve()
+    beside = tuple(beside)
     for flag, path in inputs.items():
-        if path is None or not Path(path).expanduser().exists():
+        if path is None or str(path) == "" or not Path(path).expanduser().exists():
             continue
         source = Path(path).expanduser().resolve()
-        if target == source:
-            how = "is"
-        elif source in target.parents:
-            how = "lies inside"
-        elif target in source.parents:
-            how = "contains"
-        else:
-            continue
-        raise InputOverlapError(f"{out_flag} {out} ({target}) {how} the input {flag} {path} "
-                                f"({source}): outputs are kept apart from inputs, so one "
-                                f"cannot replace or land in the other")
+        how = _overlap(target, source)
+        if how is not None:
+            raise InputOverlapError(
+                f"{out_flag} {out} ({target}) {how} the input {flag} {path} ({source}): "
+                "outputs are kept apart from inputs, so one cannot replace or land in the "
+                "other")
+        sibling = _beside_overlap(written, source, beside)
+        if sibling is not None:
+            how = "is" if Path(sibling).resolve() == source else "contains"
+            raise InputOverlapError(
+                f"{out_flag} {out} writes {sibling} beside it, which {how} the input {flag} "
+                f"{path} ({source}): outputs are kept apart from inputs, so one cannot "
+                "replace or land in the other")
 
 
 def check_inside(directory: str | os.PathLike, names: Iterable[str], what: str) -> None:
@@ -148,3 +193,42 @@ def verify_marker(directory: str | os.PathLike) -> None:
         check_inside(directory, recorded, MARKER)
         check_listed(directory, {*recorded, MARKER}, MARKER)
         verify_files(directory, recorded, MARKER)
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Refuse a damaged safetensors file before a library reads it, naming the file and
+    what is wrong: shorter than the 8-byte header length, a header longer than the file,
+    a header that is not a JSON object, or tensor data that ends past the file's end
+    (truncated, or a header alone). Reads the header only.
+
+    Raises:
+        CheckpointError: one line naming ``path``.
+    """
+    import json
+
+    path = Path(path)
+    size = path.stat().st_size
+    damaged = f"weights file {str(path)!r} is damaged"
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{damaged}: {size} bytes, too short for a safetensors "
+                                  "header")
+        length = int.from_bytes(head, "little")
+        if 8 + length > size:
+            raise CheckpointError(f"{damaged}: its header claims {length:,} bytes, the file "
+                                  f"holds {size - 8:,} after the length (truncated?)")
+        try:
+            header = json.loads(fh.read(length))
+        except ValueError:
+            header = None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{damaged}: its header is not a safetensors JSON header")
+    ends = [entry["data_offsets"][1] for key, entry in header.items()
+            if key != "__metadata__" and isinstance(entry, dict)
+            and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2
+            and isinstance(entry["data_offsets"][1], int)]
+    data = size - 8 - length
+    if ends and max(ends) > data:
+        raise CheckpointError(f"{damaged}: truncated, its tensors need {max(ends):,} bytes of "
+                              f"data and it holds {data:,}")

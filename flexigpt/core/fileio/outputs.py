@@ -10,22 +10,31 @@ existing non-empty output directory is replaced only when its marker says it is 
 of the same kind and it holds no file the marker does not list (directories written before
 markers existed are recognised by their ``manifest.json`` / ``resource.json`` /
 ``export.json``); anything else raises :class:`OutputExistsError` unless ``force=True``
-(CLI ``--force``, :func:`force_outputs`). Replacement is a rename, and leftover
-``.<name>.partial-<pid>-*`` siblings of interrupted saves (dead writer) are removed at the
-start of the next save to the same output. Outputs get the user's umask.
+(CLI ``--force``, :func:`force_outputs`). Replacement is one exchange of the two
+directories where the file system has one (:func:`exchange`, Linux ``renameat2``), else two
+renames, the previous output moved aside first; a kill between those two leaves the previous
+output in ``.<name>.partial-<pid>-*.old-*``, which the next start naming ``<dir>`` renames
+back (:func:`restore_swapped`). Leftover ``.<name>.partial-<pid>-*`` siblings of interrupted
+saves (dead writer, a marker of the harness's in them) are removed at the start of the next
+save to the same output; a folder of that name without one is never touched. Outputs get
+the user's umask.
 
 Imports nothing from the harness but :mod:`flexigpt.core.faults`.
 """
 from __future__ import annotations
 
 import contextvars
+import ctypes
+import errno
 import glob
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,10 +43,15 @@ from typing import Any
 
 from flexigpt.core import faults
 
+log = logging.getLogger(__name__)
+
 #: the manifest of a saved model directory (its presence makes an output a ``model``)
 MANIFEST = "manifest.json"
 #: written by :func:`atomic_directory` into every output directory
 MARKER = ".flexigpt-output.json"
+#: set to ``1``, :func:`atomic_directory` swaps with two renames even where the file system
+#: can exchange two directories in one step (the kill -9 suite tests that path too)
+NO_EXCHANGE_ENV = "FLEXIGPT_NO_EXCHANGE"
 
 
 class CheckpointError(RuntimeError):
@@ -119,9 +133,10 @@ def _foreign(out: Path, kind: str | None) -> str | None:
     if not out.is_dir():
         return "it is not a directory"
     files, dirs = tree_entries(out)
-    if not files and not dirs:
-        return None
     marker = read_json_or_none(out / MARKER)
+    if not dirs and (not files or (files == [MARKER] and isinstance(marker, dict)
+                                   and "staging" in marker)):
+        return None  # empty, or a staging directory of the harness not yet written to
     if isinstance(marker, dict) and isinstance(marker.get("files"), dict):
         listed = set(marker["files"]) | {MARKER}
         parents = {p.rsplit("/", i)[0] for p in listed for i in range(1, p.count("/") + 1)}
@@ -154,6 +169,14 @@ def _foreign(out: Path, kind: str | None) -> str | None:
     return None
 
 
+def foreign_reason(directory: str | os.PathLike, kind: str | None) -> str | None:
+    """Why the harness must not replace or delete ``directory`` (None: absent, empty, or an
+    output of ``kind`` it wrote that holds nothing its marker does not list); the check
+    :func:`check_output` and :func:`atomic_directory` apply, for a caller with its own
+    message (a trainer's checkpoint folder, which ``--force`` does not cover)."""
+    return _foreign(Path(directory), kind)
+
+
 def check_output(out_dir: str | os.PathLike, kind: str | None = None,
                  force: bool | None = None) -> None:
     """Raise :class:`OutputExistsError` if saving to ``out_dir`` would destroy foreign data.
@@ -180,12 +203,43 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _writer_gone(name: str, prefix: str) -> bool:
+    """Whether the process whose pid follows ``prefix`` in ``name`` is gone (a name
+    without a pid counts as gone; this process is never gone)."""
+    pid = name[len(prefix):].split("-", 1)[0]
+    return not (pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))))
+
+
+def _harness_made(directory: Path) -> bool:
+    """Whether a staging or moved-aside directory is the harness's own: empty (killed
+    between its creation and its stamp), or holding an output marker (the staging stamp
+    :func:`make_staging` writes first, or a finished output's marker)."""
+    try:
+        if not any(directory.iterdir()):
+            return True
+    except OSError:
+        return False
+    return isinstance(read_json_or_none(directory / MARKER), dict)
+
+
+def make_staging(out: str | os.PathLike) -> Path:
+    """A new staging directory ``.<name>.partial-<pid>-*`` beside ``out``, stamped with an
+    output marker at once, so that :func:`clean_partials` knows it for the harness's own
+    (the body's final marker replaces the stamp)."""
+    out = Path(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+    (tmp / MARKER).write_text(json.dumps({"staging": os.getpid()}) + "\n")
+    return tmp
+
+
 def clean_partials(out_dir: str | os.PathLike) -> list[Path]:
     """Remove ``.<name>.partial-*`` siblings left by interrupted saves to ``out_dir``, and
     the ``..<name>.partial-*`` ones of a save nested in such a staging directory (a model
     saved into the staging directory of a training output).
 
-    A partial whose writer process (pid in its name) is still alive is kept.
+    A partial whose writer process (pid in its name) is still alive is kept, and so is a
+    directory the harness did not make, whatever its name (no output marker in it: see
+    :func:`_harness_made`); it is named in a warning instead.
     """
     out = Path(out_dir)
     removed: list[Path] = []
@@ -194,17 +248,87 @@ def clean_partials(out_dir: str | os.PathLike) -> list[Path]:
     prefixes = (f".{out.name}.partial-", f"..{out.name}.partial-")
     for path in out.parent.iterdir():
         prefix = next((p for p in prefixes if path.name.startswith(p)), None)
-        if prefix is None:
-            continue
-        pid = path.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and (int(pid) == os.getpid() or _pid_alive(int(pid))):
+        if prefix is None or not _writer_gone(path.name, prefix):
             continue
         if path.is_dir() and not path.is_symlink():
+            if not _harness_made(path):
+                log.warning("left %s alone: it is named like a staging directory of %s but "
+                            "flexigpt-bench did not make it (no output marker)", path, out)
+                continue
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
         removed.append(path)
     return removed
+
+
+def restore_swapped(out_dir: str | os.PathLike) -> Path | None:
+    """Put back the previous output of a save cut between the two renames of its swap.
+
+    Where the file system cannot exchange two directories in one step,
+    :func:`atomic_directory` moves the previous output aside
+    (``.<name>.partial-<pid>-*.old-*``) and then renames the new one into place; a kill
+    between the two leaves no ``out_dir``. When ``out_dir`` is missing and such a folder of
+    a dead writer holds an output marker, it is renamed back to ``out_dir`` (the newest if
+    there are several). Returns the folder restored from, None when there was nothing to
+    restore; call it first on every start that names ``out_dir``, and say so.
+    """
+    out = Path(out_dir)
+    if out.exists() or out.is_symlink() or not out.parent.is_dir():
+        return None
+    prefix = f".{out.name}.partial-"
+    found = [p for p in out.parent.iterdir()
+             if p.name.startswith(prefix) and ".old-" in p.name and p.is_dir()
+             and not p.is_symlink() and _writer_gone(p.name, prefix)
+             and isinstance(read_json_or_none(p / MARKER), dict)
+             and "staging" not in read_json_or_none(p / MARKER)]
+    if not found:
+        return None
+    old = max(found, key=lambda p: p.stat().st_mtime_ns)
+    os.replace(old, out)
+    return old
+
+
+def _renameat2() -> Any:
+    """libc's ``renameat2`` (Linux, glibc 2.28+), or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                         ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+#: ``renameat2`` arguments: the current directory, and the flag that swaps two paths
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def exchange(first: str | os.PathLike, second: str | os.PathLike) -> bool:
+    """Swap two existing paths in one step (``renameat2(RENAME_EXCHANGE)``): afterwards
+    each name holds what the other held, and no moment exists where either is missing.
+
+    Returns False, having changed nothing, where the platform, the C library or the file
+    system has no such exchange (or :data:`NO_EXCHANGE_ENV` is ``1``).
+
+    Raises:
+        OSError: the exchange was possible but failed (a permission, a missing path).
+    """
+    if os.environ.get(NO_EXCHANGE_ENV) == "1":
+        return False
+    function = _renameat2()
+    if function is None:
+        return False
+    if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second),
+                _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(second))
 
 
 #: (device, inode, size, mtime_ns) → sha256, so a file is hashed once per process
@@ -260,10 +384,14 @@ def atomic_directory(out_dir: str | os.PathLike, force: bool | None = None,
     """
     out = Path(out_dir)
     force = _FORCE.get() if force is None else force
+    restored = restore_swapped(out)
+    if restored is not None:
+        log.warning("restored the previous output %s from %s (a save was cut between the two "
+                    "renames of its swap)", out, restored.name)
     check_output(out, kind, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     clean_partials(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+    tmp = make_staging(out)
     old = None
     try:
         yield tmp
@@ -273,12 +401,17 @@ def atomic_directory(out_dir: str | os.PathLike, force: bool | None = None,
         _apply_umask(tmp)
         if out.is_symlink() or out.is_file():
             out.unlink()
+        elif out.exists() and exchange(tmp, out):  # one step: tmp now holds the previous
+            faults.point("save:swap")
+            return
         elif out.exists():
             old = out.parent / f"{tmp.name}.old-{secrets.token_hex(4)}"
             os.replace(out, old)
             faults.point("save:swap")
         os.replace(tmp, out)
     finally:
+        if old is not None and old.exists() and not out.exists():
+            os.replace(old, out)  # interrupted between the renames: the previous stays
         for leftover in (tmp, old):
             if leftover is not None and leftover.exists():
                 shutil.rmtree(leftover, ignore_errors=True)

@@ -13,6 +13,12 @@ every step (dropout is the only consumer) and the data order is a pure function 
 position (:mod:`flexigpt.runtime.training.data`), so step k+1 of a resumed run is computed exactly
 as in an uninterrupted one.
 
+The folder is the harness's own: each save writes an output marker (``kind``
+:data:`KIND`, the files it holds) into it, and a ``<out>.ckpt`` or ``<out>.ckpt.old`` that
+is not one (no marker, or files the marker does not list; checkpoints written before
+markers are recognised by their three files) is never resumed from, replaced or deleted:
+:func:`check_owned` refuses it in one line, ``--force`` or not.
+
 Writes go to a temporary sibling (``.<name>.partial-<pid>-*``, removed by the next save
 when its writer is dead); the previous checkpoint is moved aside and deleted only after the
 new one is in place, so an interruption never leaves no checkpoint.
@@ -24,7 +30,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,10 +38,23 @@ import torch
 from torch import nn
 
 from flexigpt.core import faults
-from flexigpt.core.fileio import CheckpointError, clean_partials
+from flexigpt.core.fileio import (
+    MARKER,
+    CheckpointError,
+    OutputExistsError,
+    clean_partials,
+    foreign_reason,
+    make_staging,
+    read_json_or_none,
+    tree_entries,
+)
 
 STATE = "state.json"
 FORMAT = 1
+#: the output kind in a checkpoint folder's marker
+KIND = "training-checkpoint"
+#: the files a checkpoint save writes (besides its marker)
+FILES = ("trainable.pt", "optimizer.pt", STATE)
 
 
 @dataclass
@@ -55,6 +73,37 @@ def checkpoint_dir(out_dir: str | os.PathLike) -> Path:
     return out.with_name(out.name + ".ckpt")
 
 
+def _legacy(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint written before checkpoint markers: the three
+    :data:`FILES` alone, its ``state.json`` a record with a fingerprint."""
+    files, dirs = tree_entries(path)
+    state = read_json_or_none(path / STATE)
+    return (not dirs and sorted(files) == sorted(FILES) and isinstance(state, dict)
+            and "fingerprint" in state)
+
+
+def check_owned(ckpt: Path) -> None:
+    """Refuse to train when ``ckpt`` or its moved-aside ``<ckpt>.old`` holds anything but a
+    checkpoint of this harness: the trainer resumes from, replaces and deletes them, and a
+    folder of the user's that happens to bear the name is never touched.
+
+    Raises:
+        OutputExistsError: naming the folder and what is wrong with it (no ``--force``
+            lifts it: the user never named this folder).
+    """
+    for path in (ckpt, ckpt.with_name(ckpt.name + ".old")):
+        reason = foreign_reason(path, KIND)
+        if reason is not None and path.is_dir() and not path.is_symlink() and _legacy(path):
+            reason = None
+        if path.is_symlink():
+            reason = "it is a symbolic link"
+        if reason is not None:
+            raise OutputExistsError(
+                f"the training checkpoint folder {str(path)!r} (written beside --out) exists "
+                f"and {reason}; refusing to use, replace or delete it: move it away or "
+                "choose another --out")
+
+
 def fingerprint(settings: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the settings that shape the trajectory."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
@@ -69,7 +118,7 @@ def save_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
     """Write a checkpoint atomically (``model`` unwrapped; call on the main process only)."""
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     clean_partials(ckpt)  # a save that was killed mid-write
-    tmp = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.partial-{os.getpid()}-", dir=ckpt.parent))
+    tmp = make_staging(ckpt)
     old = ckpt.with_name(ckpt.name + ".old")
     try:
         torch.save(trainable_state(model), tmp / "trainable.pt")
@@ -79,6 +128,8 @@ def save_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
             {"format": FORMAT, "fingerprint": digest, "step": state.step,
              "position": state.position, "train_seconds": state.train_seconds,
              "log": state.log}, indent=1))
+        (tmp / MARKER).write_text(json.dumps({"kind": KIND, "files": dict.fromkeys(FILES)},
+                                             indent=1, sort_keys=True) + "\n")
         faults.point("ckpt:staged")
         if ckpt.exists():
             if old.exists():

@@ -22,6 +22,7 @@ from flexigpt.methods.lora import merge_lora
 from flexigpt.methods.perplexity import perplexity
 from flexigpt.runtime.training.checkpoint import (
     TrainState,
+    check_owned,
     checkpoint_dir,
     fingerprint,
     remove_checkpoint,
@@ -118,12 +119,15 @@ def train_loaded(loaded: LoadedModel, out_dir: str | os.PathLike, cfg: TrainConf
     """:func:`train_model` for a model already in memory (trained in place).
 
     ``source`` identifies the input model in the resume fingerprint; a checkpoint in
-    ``<out>.ckpt/`` written with the same settings is resumed exactly.
+    ``<out>.ckpt/`` written with the same settings is resumed exactly, and a folder there
+    that is no checkpoint of the harness is refused before any work
+    (:func:`~flexigpt.runtime.training.checkpoint.check_owned`).
     """
     wall = time.perf_counter()
+    ckpt = checkpoint_dir(out_dir)
+    check_owned(ckpt)  # a folder of the user's named <out>.ckpt is never used or deleted
     run = _start(loaded, cfg, text, validation, source, memo)
     digest = _fingerprint(run)
-    ckpt = checkpoint_dir(out_dir)
     log.info("training %s (%s) with recipe %s for %d steps (%d tokens/step), lr %.3g",
              run.manifest.method, (source or {}).get("model"), run.plan.recipe, cfg.steps(),
              cfg.global_batch * cfg.seq_len, run.plan.lr)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from flexigpt.core import faults
-from flexigpt.core.fileio import CheckpointError, atomic_directory, atomic_write_text
+from flexigpt.core.fileio import MARKER, CheckpointError, atomic_directory, atomic_write_text
 from flexigpt.core.lr_search import (
     NOT_SEARCHED,
     Bracketing,
@@ -144,6 +144,7 @@ def _selection(meta: dict[str, Any], records: list[dict[str, Any]], best: int) -
 def _publish(chosen: Path, out_dir: str | os.PathLike, selection: dict[str, Any]) -> None:
     """``chosen`` (a saved model) appears at ``out_dir`` (hard links) with ``selection.json``."""
     with atomic_directory(out_dir) as staged:
+        (staged / MARKER).unlink()  # the staging stamp: the chosen model brings its marker
         staged.rmdir()
         shutil.copytree(chosen, staged, copy_function=_link_or_copy)
         (staged / TRIAL_FILE).unlink(missing_ok=True)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 
 from flexigpt.core import devices
-from flexigpt.core.fileio import PICKLE_SUFFIXES, verify_marker
+from flexigpt.core.fileio import PICKLE_SUFFIXES, check_safetensors, verify_marker
 from flexigpt.storage.models.adapters import get_adapter
 from flexigpt.storage.models.checkpoint_format import KEY, base_config_dict
 
@@ -352,9 +353,26 @@ def own_weights(model: nn.Module, directory: Path) -> int:
 def _check_local(directory: Path, verify: bool) -> None:
     """Refuse a local checkpoint directory before transformers reads it: one that needs
     remote code, a harness-compressed model without its manifest, pickled weights without
-    safetensors; with ``verify``, a harness-written one that differs from its marker."""
+    safetensors; with ``verify``, a harness-written one that differs from its marker; a
+    family without an adapter; a damaged safetensors file (named, with what is wrong)."""
     refuse_remote_code(directory)
     _refuse_flexigpt_without_manifest(directory)
     refuse_pickled_weights(directory)
     if verify:
         verify_marker(directory)
+    _refuse_unknown_family(directory)
+    for weights in sorted(directory.glob("*.safetensors")):
+        check_safetensors(weights)
+
+
+def _refuse_unknown_family(directory: Path) -> None:
+    """``config.json``'s ``model_type`` must be one the harness has an adapter for: refused
+    before transformers reads it (whose own message for a type it does not know advises
+    installing it from source), naming the supported families."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if isinstance(model_type, str):
+        get_adapter(SimpleNamespace(model_type=model_type))
