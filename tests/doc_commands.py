@@ -428,10 +428,11 @@ def _check_snakemake(args: list[str]) -> list[str]:
 
 @functools.cache
 def _written() -> frozenset[str]:
-    """Files a document's own block writes (``cat > my-model.yaml <<'EOF'``): a walkthrough
-    may name them."""
+    """Files a document's own block writes (``cat > my-model.yaml <<'EOF'``, ``printf '…' >
+    gpu.yaml``): a walkthrough may name them."""
     return frozenset(m.group(1) for path in doc_files(ROOT) if path.suffix == ".md"
-                     for m in re.finditer(r"cat > (\S+) <<", path.read_text(encoding="utf-8")))
+                     for m in re.finditer(r"(?:cat|printf '[^'\n]*') > (\S+)",
+                                          path.read_text(encoding="utf-8")))
 
 
 def _values(words: list[str]) -> list[str]:

@@ -3,7 +3,7 @@ directory that holds the checkout's Snakefile and workflow, the session's tiny r
 and the tiny Llama as the user's local model ``models/my-model``.
 
 A block marked ``<!-- walkthrough: run -->`` runs whole (``bash -eu``); one marked
-``<!-- walkthrough: dry-run -->`` (GPU, SLURM) runs its ``export`` lines and its ``-n``
+``<!-- walkthrough: dry-run -->`` (GPU, SLURM) runs its ``export``, ``printf`` and ``-n``
 lines only (the others need a GPU, a cluster or the network, and ``test_doc_commands``
 checks them against the parsers). Without the SLURM executor plugin (``pip install -e
 ".[slurm]"``), the SLURM profile is dry-run with its ``executor:`` line removed: every other
@@ -33,12 +33,12 @@ def blocks(text: str) -> list[tuple[str | None, str]]:
 
 
 def script(mark: str, body: str) -> str:
-    """What runs of a block: all of a ``run`` block; the ``export`` and ``-n`` lines of a
-    ``dry-run`` block."""
+    """What runs of a block: all of a ``run`` block; the ``export``, ``printf`` (a config
+    overlay written) and ``-n`` lines of a ``dry-run`` block."""
     if mark == "run":
         return body
     keep = [line for line in body.splitlines()
-            if line.startswith("export ") or re.search(r"\s-n(\s|$)", line)]
+            if line.startswith(("export ", "printf ")) or re.search(r"\s-n(\s|$)", line)]
     assert any(" -n" in line for line in keep), f"a dry-run block without a -n line:\n{body}"
     return "\n".join(keep) + "\n"
 
