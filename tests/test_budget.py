@@ -350,12 +350,14 @@ def test_budget_table_and_figure(tmp_path):
 ADDED_LATER = {"replaceme", "streamline", "linearpatch"}
 #: ``(method, variant)`` runs added later to methods that were there (ShortGPT + fine-tuning
 #: of the last 3 blocks and the head)
-ADDED_VARIANTS = {("shortgpt", "last3")}
+ADDED_VARIANTS = {("shortgpt", "last3"), ("flexigpt", "default_next"),
+                  ("shortgpt_lora", "default_next")}
 
 
 def test_default_config_grid_is_unchanged():
     """The default config's runs, paths and every job parameter are what they were before
-    the budget axis (tests/fixtures/default_grid.json, written from the code before it); the
+    the budget axis (tests/fixtures/default_grid.json, written from the code before it, and
+    rewritten once on purpose: the bracketing search's start points and rung 1); the
     only new parameter is the trainer's ``eval_every``, which never changes a trajectory
     (flexigpt.runtime.training.runner._NOT_TRAJECTORY) and for this config evaluates only at the
     end of each 16-step run (every 16 steps)."""

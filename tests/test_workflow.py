@@ -158,9 +158,11 @@ def test_grid_of_default_config():
     kd = grid.run("smollm2-135m", "flexigpt", "kd", "r0.3")
     assert kd.compressed_from == kd.lr_from == flexi.key and kd.stages() == ["final"]
     assert grid.train_params(kd)["loss"] == "kd" and kd.labels("final")["table"] == "kd"
-    # the sweep: γ gets its own learning rates, a reused choice is one trial
-    assert [t.get("gamma_lr") for t in grid.trials(flexi)] == [5e-2, 2e-1]
-    assert grid.train_params(flexi, "t1")["gamma_lr"] == 2e-1
+    # the sweep: γ gets its own learning rates, searched from one start like the LoRA LR;
+    # a reused choice is one trial
+    assert grid.trials(flexi) == [{"lr": 4e-3, "gamma_lr": 5e-2}]
+    assert grid.train_params(flexi, "t0")["gamma_lr"] == 5e-2
+    assert grid.search(flexi)["factor"] == 2.0 and grid.search(kd) is None
     # a variant that changes only the recovery trains the default's compressed model, and
     # its KD twin trains that same model
     rft = grid.run("smollm2-135m", "slicegpt", "rft", "r0.3")
@@ -190,6 +192,9 @@ def test_seed_replicates():
     reusing its learning rates, like-for-like links pointing at the same seed's twin."""
     cfg = load("config/config.yaml")
     cfg["replicates"] = {"seeds": [1, 2], "runs": ["flexigpt", "shortgpt_lora"]}
+    with pytest.raises(ValueError, match="set tuning.reuse.replicate"):
+        RunGrid.from_config(cfg)  # under the search a reused learning rate states why
+    cfg["tuning"]["reuse"]["replicate"] = "a seed replicate trains at its seed-0 twin's rates"
     grid = RunGrid.from_config(cfg)
     twins = [r for r in grid.runs.values() if r.label_variant is not None]
     assert len(twins) == 2 * 2 * 2  # seeds × runs × ratios
@@ -216,6 +221,9 @@ def test_grid_partial_and_errors():
         RunGrid.from_config(partial)
     for section in ("ablations", "extension", "paper_protocol", "kd"):
         partial.pop(section)
+    with pytest.raises(ValueError, match="tuning.sensitivity names 'flexigpt'"):
+        RunGrid.from_config(partial)
+    partial["tuning"].pop("sensitivity")
     partial["ratios"] = [0.3]
     grid = RunGrid.from_config(partial)
     assert len(grid.runs) == 2 and len(grid.eval_targets()) == 2
@@ -230,6 +238,7 @@ def test_grid_partial_and_errors():
     dangling.pop("ablations")
     dangling["kd"]["runs"] = []
     dangling["paper_protocol"]["methods"] = ["shortgpt"]
+    dangling["tuning"]["sensitivity"] = ["shortgpt_lora"]
     with pytest.raises(ValueError, match="not in the grid"):  # shortgpt matches flexigpt
         RunGrid.from_config(dangling)
 

@@ -33,6 +33,9 @@ AXES = ("lr", "gamma_lr")
 #: relative tolerance of "lies on the lattice" and "is the same value"
 _TOL = 1e-6
 BRACKETED = "bracketed"
+#: the variant suffix of a run trained at its twin's next-best learning rates (the DAG's
+#: ``tuning.sensitivity`` rows; the verdicts' Sensitivity column)
+NEXT_SUFFIX = "_next"
 #: the status of a sweep whose trials vary no learning rate (one point, or reused)
 NOT_SEARCHED = "edge: one learning rate, not searched"
 

@@ -13,10 +13,6 @@ TASK_HEADERS = {"arc_easy": "ARC-e", "arc_challenge": "ARC-c", "piqa": "PIQA",
 METHOD_LABELS = {name: facts.label for name, facts in METHODS.items()}  # table order
 METHOD_ORDER = list(METHOD_LABELS)
 #: FlexiGPT variants that are Table 4 ablations (kept out of Table 1), in the paper's order.
-#: the variant suffix of a run trained at its Table 1 twin's next-best learning rates (the
-#: sensitivity rows of the DAG's ``tuning.sensitivity``)
-NEXT_SUFFIX = "_next"
-
 ABLATIONS = {"no_lowrank": "Ablate high-rank prune (no low-rank truncation)",
              "no_outnorm": "Ablate output norm.", "no_svdinit": "Ablate LoRA SVD init.",
              "frobenius": "Frobenius-norm base (Fig. 2c)", "default": "Full method"}

@@ -37,6 +37,7 @@ from typing import Any
 
 import pandas as pd
 
+from flexigpt.core.lr_search import NEXT_SUFFIX
 from flexigpt.storage.registry import ROLES, is_paper_baseline
 from flexigpt.tables.claim_rows import (
     BENCHMARKS,
@@ -57,7 +58,7 @@ from flexigpt.tables.claim_rows import (
 )
 from flexigpt.tables.comparisons import Comparator, Diff, key_of
 from flexigpt.tables.decision import MISSING_RUN, NOT_A_CLAIM, Rules, decide, rules_block
-from flexigpt.tables.labels import ABLATIONS, NEXT_SUFFIX, method_label
+from flexigpt.tables.labels import ABLATIONS, method_label
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 from flexigpt.tables.row_intervals import setting_key

@@ -130,16 +130,6 @@ def train_trials(wildcards):
             for t, point in zip(GRID.trial_ids(run), GRID.trials(run))]
 
 
-def train_search(wildcards):
-    """The bracketing rule the run's sweep extends its grid by (None: the grid as it is)."""
-    return GRID.search(run_of(wildcards))
-
-
-def train_rung_check(wildcards):
-    """Whether the run's sweep also trains every scored trial to the end (tuning.rung_check)."""
-    return GRID.rung_check(run_of(wildcards))
-
-
 def trial_teacher(wildcards):
     run = run_of(wildcards)
     return GRID.model_path(wildcards.model) if run.loss == "kd" else None

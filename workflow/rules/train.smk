@@ -13,8 +13,9 @@ rule train:
         trials=train_trials,
         meta=select_meta,
         rung=GRID.tuning_rung,
-        search=train_search,
-        rung_check=train_rung_check,
+        # the bracketing rule (None: the grid as it is), the rung check, the next-best LRs
+        search=lambda wildcards: GRID.search(run_of(wildcards)),
+        rung_check=lambda wildcards: GRID.rung_check(run_of(wildcards)),
         lr_next=lambda wildcards: run_of(wildcards).lr_next,
         teacher=trial_teacher,
         code=code_of("train"),

@@ -18,17 +18,19 @@ if "budget" in snakemake.input.keys():
     shared["lora_budget"] = budget_of(snakemake.input.budget)
     log.info("trainable budget %d from %s", shared["lora_budget"], snakemake.input.budget)
 if "lr_from" in snakemake.input.keys():
-    rates = chosen_rates(snakemake.input.lr_from, next_best=snakemake.params.lr_next)
+    next_best = bool(snakemake.params.get("lr_next", False))
+    rates = chosen_rates(snakemake.input.lr_from, next_best=next_best)
     shared.update({k: v for k, v in rates.items() if v is not None})
     log.info("learning rates %s %s by %s", rates,
-             "next-best" if snakemake.params.lr_next else "chosen", snakemake.input.lr_from)
+             "next-best" if next_best else "chosen", snakemake.input.lr_from)
 trials = snakemake.params.trials
 configs = [{**t["config"], **shared} for t in trials]
 spec = {"model": snakemake.input.model, "out": snakemake.output.model, "configs": configs,
         "points": [t["point"] for t in trials], "text": snakemake.input.text,
         "tune": snakemake.input.tune, "meta": dict(snakemake.params.meta),
         "rung": snakemake.params.rung, "teacher": snakemake.params.teacher,
-        "search": snakemake.params.search, "finish_all": snakemake.params.rung_check}
+        "search": snakemake.params.get("search"),
+        "finish_all": bool(snakemake.params.get("rung_check", False))}
 processes = processes_for(snakemake.params.get("processes"),
                           getattr(snakemake.resources, "gpu", 0))
 if processes > 1:  # data-parallel on the job's GPUs (gloo on CPU), same global batch

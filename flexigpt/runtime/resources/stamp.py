@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flexigpt.core.fileio import MARKER
+
 log = logging.getLogger(__name__)
 
 STAMP = "resource.json"
@@ -55,7 +57,7 @@ def write_stamp(tmp_dir: Path, key: dict[str, Any], counts: dict[str, Any],
     that nothing was removed by hand.
     """
     files = sorted(str(p.relative_to(tmp_dir)) for p in tmp_dir.rglob("*")
-                   if p.is_file() and p.name != STAMP)
+                   if p.is_file() and p.name not in (STAMP, MARKER))  # not the output marker
     stamp = {**key, "counts": counts, "files": files, **(extra or {}),
              "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "build_seconds": round(time.time() - started, 1)}

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flexigpt.core.devices import check_device
+from flexigpt.core.lr_search import NEXT_SUFFIX
 from flexigpt.methods.compression_basis import check_basis
 from flexigpt.storage.registry import ROLES
-from flexigpt.tables.labels import NEXT_SUFFIX
 from flexigpt.workflow.config_paths import check_model_resource
 from flexigpt.workflow.dag.derived import budget_runs, replicate_runs, table1_ratios
 from flexigpt.workflow.dag.runs import Key, Run
