@@ -113,28 +113,6 @@ def test_sweep_with_rung_one_trains_every_trial_fully(tiny_checkpoint, text_file
     assert all(t["tune_ppl"] == t["tune_ppl_final"] for t in selection["trials"])
 
 
-def test_sweep_resumes_without_retraining(tiny_checkpoint, text_file, tmp_path, monkeypatch):
-    out = tmp_path / "trained"
-    real = tuning._publish
-
-    def killed(*args, **kwargs):
-        raise KeyboardInterrupt("simulated kill before the output appeared")
-
-    monkeypatch.setattr(tuning, "_publish", killed)
-    with pytest.raises(KeyboardInterrupt):
-        _sweep(tiny_checkpoint, text_file, out)
-    assert not out.exists() and (tmp_path / "trained.sweep" / "t1" / "rung.json").exists()
-    monkeypatch.setattr(tuning, "_publish", real)
-    calls = []
-    original = tuning.train_model
-    monkeypatch.setattr(tuning, "train_model",
-                        lambda *a, **k: calls.append(k) or original(*a, **k))
-    selection = _sweep(tiny_checkpoint, text_file, out)
-    assert calls == [] and selection["chosen_trial"] == 0  # every record read back
-    train_model(tiny_checkpoint, tmp_path / "ref", small(lr=5e-3), text_file, text_file)
-    assert _same(_weights(tmp_path / "ref"), _weights(out))
-
-
 def test_sweep_keeps_one_heap_for_every_trial(tiny_checkpoint, text_file, tmp_path, monkeypatch):
     """Every trial of a sweep trains inside one ``reuse_freed_memory`` block (a later trial
     reuses the pages an earlier one faulted in); glibc's defaults come back after it."""
@@ -187,10 +165,11 @@ def test_a_search_adds_lattice_neighbours_until_its_choice_is_bracketed(
     assert _same(_weights(tmp_path / "ref"), _weights(out))
 
 
-def test_a_searched_sweep_resumes_without_retraining(tiny_checkpoint, text_file, tmp_path,
-                                                     monkeypatch):
-    """Killed before publishing, a searched sweep proposes the same trials again and reads
-    every one back (the search is a function of the stored scores)."""
+@pytest.mark.parametrize("sweep", [_sweep, _searched], ids=["grid", "searched"])
+def test_sweep_resumes_without_retraining(tiny_checkpoint, text_file, tmp_path, monkeypatch,
+                                          sweep):
+    """Killed before publishing, a sweep (a grid, or a search, which proposes the same trials
+    again from the stored scores) reads every trial back and trains nothing."""
     out = tmp_path / "trained"
     real = tuning._publish
 
@@ -199,14 +178,15 @@ def test_a_searched_sweep_resumes_without_retraining(tiny_checkpoint, text_file,
 
     monkeypatch.setattr(tuning, "_publish", killed)
     with pytest.raises(KeyboardInterrupt):
-        _searched(tiny_checkpoint, text_file, out)
+        sweep(tiny_checkpoint, text_file, out)
+    assert not out.exists() and (tmp_path / "trained.sweep" / "t1" / "rung.json").exists()
     monkeypatch.setattr(tuning, "_publish", real)
     calls = []
     original = tuning.train_model
     monkeypatch.setattr(tuning, "train_model",
                         lambda *a, **k: calls.append(k) or original(*a, **k))
-    selection = _searched(tiny_checkpoint, text_file, out)
-    assert calls == [] and selection["search"]["trials"] >= 2
+    selection = sweep(tiny_checkpoint, text_file, out)
+    assert calls == [] and len(selection["trials"]) >= 2  # every record read back
     train_model(tiny_checkpoint, tmp_path / "ref", small(lr=selection["chosen"]["lr"]),
                 text_file, text_file)
     assert _same(_weights(tmp_path / "ref"), _weights(out))
