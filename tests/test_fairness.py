@@ -21,7 +21,8 @@ from flexigpt.runtime.training.config import TrainConfig, resolve_plan
 from flexigpt.runtime.training.losses import kd_loss
 from flexigpt.runtime.training.optim import param_groups
 from flexigpt.runtime.training.recipes import BUDGET_TOLERANCE, apply_recipe
-from flexigpt.runtime.training.tuning import best_trial, diverged_record, select_trial
+from flexigpt.runtime.training.trials import best_trial, diverged_record
+from flexigpt.runtime.training.tuning import select_trial
 from flexigpt.storage.registry import get_method
 
 ROOT = Path(__file__).resolve().parent.parent

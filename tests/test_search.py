@@ -178,7 +178,7 @@ def _trial(lr, score, gamma=None, diverged=False):
 
 
 def test_the_next_best_rates_are_the_best_neighbour_of_the_choice(tmp_path):
-    from flexigpt.runtime.training.tuning import chosen_rates
+    from flexigpt.runtime.training.choices import chosen_rates
 
     trials = [_trial(4e-3, 100.0, 5e-2), _trial(2e-3, 130.0, 5e-2),
               _trial(8e-3, None, 5e-2, diverged=True), _trial(4e-3, 120.0, 2.5e-2),
@@ -189,7 +189,7 @@ def test_the_next_best_rates_are_the_best_neighbour_of_the_choice(tmp_path):
 
 
 def test_no_next_best_rate_when_every_other_trial_diverged(tmp_path):
-    from flexigpt.runtime.training.tuning import chosen_rates
+    from flexigpt.runtime.training.choices import chosen_rates
 
     out = _selection(tmp_path, [_trial(4e-3, 100.0), _trial(8e-3, None, diverged=True)], 0)
     with pytest.raises(ValueError, match="no next-best learning rate"):

@@ -87,6 +87,12 @@ class Bracketing:
         return axes
 
 
+def varied_axes(points: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The axes whose value differs between ``points`` (a fixed grid's searched axes)."""
+    return tuple(a for a in AXES
+                 if len({p.get(a) for p in points if p.get(a) is not None}) > 1)
+
+
 def _index(value: float, anchor: float, factor: float) -> int:
     """k with ``value == anchor · factor^k`` (ValueError when off the lattice)."""
     k = math.log(value / anchor) / math.log(factor)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from flexigpt.core.lr_search import AXES, NOT_SEARCHED, Bracketing, bracket_status
+from flexigpt.core.lr_search import AXES, NOT_SEARCHED, Bracketing, bracket_status, varied_axes
 from flexigpt.tables.render import sci
 from flexigpt.tables.schema import NUMBER, ResultFileError, need, need_count, need_lr, read_schema1
 
@@ -108,7 +108,7 @@ def _search_columns(path: Path, data: dict[str, Any], rows: list[dict[str, Any]]
            "searched": isinstance(recorded.get("rule"), dict),
            "lr_reuse": reuse if isinstance(reuse, str) else None}
     points = [{a: r[a] for a in AXES if r[a] is not None and not pd.isna(r[a])} for r in rows]
-    varied = [a for a in AXES if len({p[a] for p in points if a in p}) > 1]
+    varied = list(varied_axes(points))
     axes = [a for a in recorded.get("axes") or varied if a in AXES]
     scores = [None if r["diverged"] or not math.isfinite(r["tune_ppl"]) else r["tune_ppl"]
               for r in rows]

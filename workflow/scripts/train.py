@@ -6,8 +6,8 @@ launch``) when ``jobs.train_processes`` says so or the job holds several visible
 
 from typing import Any
 
+from flexigpt.runtime.training.choices import budget_of, chosen_rates
 from flexigpt.runtime.training.launch import processes_for, run_launched, run_spec
-from flexigpt.runtime.training.tuning import budget_of, chosen_rates
 from flexigpt.workflow.support import script_logging
 
 snakemake: Any  # injected by Snakemake's script: directive

@@ -11,7 +11,8 @@ the config's, so N processes train the same trajectory as one (each takes
 
 Layering of the package (each module imports only those below it): ``launch`` (this entry
 point: a sweep spec, in this process or launched on N) → ``tuning`` (the sweep: trials,
-rung, selection) → ``runner`` (one training run: load, train, save) → ``loop`` /
+rung, selection; ``choices`` reads a finished sweep for another run) → ``trials`` (the
+record formats) and ``runner`` (one training run: load, train, save) → ``loop`` /
 ``recipes`` / ``checkpoint`` / ``memo`` / ``losses`` / ``data`` / ``outputs`` / ``lora`` →
 ``config`` and ``processes`` (the process group).
 """

@@ -16,7 +16,9 @@ directory (hard links) with ``selection.json`` listing every trial (ties: the ea
 trial). The perplexity test text is never read here.
 
 :func:`select_trial` keeps the best of trial directories already trained fully (each with a
-``trial.json`` from :func:`trial_record` / :func:`diverged_record`).
+``trial.json`` from :func:`~flexigpt.runtime.training.trials.trial_record` /
+:func:`~flexigpt.runtime.training.trials.diverged_record`; the record formats live in
+:mod:`flexigpt.runtime.training.trials`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -32,86 +33,42 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from flexigpt.core import faults
-from flexigpt.core.fileio import MARKER, CheckpointError, atomic_directory, atomic_write_text
+from flexigpt.core.fileio import MARKER, atomic_directory, atomic_write_text
 from flexigpt.core.lr_search import (
     NOT_SEARCHED,
     Bracketing,
     axis_neighbours,
     bracket_status,
     propose,
+    varied_axes,
 )
 from flexigpt.core.memory import reuse_freed_memory
 from flexigpt.runtime.training.config import TrainConfig
 from flexigpt.runtime.training.loop import TrainingDivergedError
 from flexigpt.runtime.training.memo import SweepMemo
 from flexigpt.runtime.training.processes import barrier, broadcast_from_main, is_main_process
-from flexigpt.runtime.training.recipe_table import uses_own_lr
 from flexigpt.runtime.training.runner import train_model
-from flexigpt.storage.artifacts import read_manifest
+from flexigpt.runtime.training.trials import (
+    SELECTION_FILE,
+    TRIAL_FILE,
+    best_trial,
+    diverged_record,
+    finite_score,
+    read_trial,
+    score_of,
+    scored_record,
+    selection_record,
+    trial_record,
+)
 
 if TYPE_CHECKING:
     from flexigpt.storage.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
-TRIAL_FILE = "trial.json"
 RUNG_FILE = "rung.json"
 FINAL_FILE = "final.json"
-SELECTION_FILE = "selection.json"
-SCHEMA = 1
-#: trial fields a selection lists only where a sweep recorded them (the rung check: a trial
-#: that diverged after the rung while continued beside the chosen one)
-OPTIONAL_TRIAL_KEYS = ("final_diverged",)
 
-
-def trial_record(manifest: Manifest, point: dict[str, Any]) -> dict[str, Any]:
-    """The ``trial.json`` of a finished trial, from the trained model's manifest."""
-    entry = manifest.history[-1]
-    return {**_scored(point, entry["plan"], entry["trainable"], entry["final_ppl"],
-                      entry["ppl_before"], entry["tokens"]),
-            "loss": entry.get("loss", "lm")}
-
-
-def _scored(point: dict[str, Any], plan: dict[str, Any], trainable: dict[str, Any],
-            tune_ppl: float | None, tune_ppl_before: float | None,
-            tokens: int) -> dict[str, Any]:
-    """The fields every scored trial record has (its learning rates from the resolved
-    ``plan``, counts from the trainable report)."""
-    return {"schema": SCHEMA, "point": point, "diverged": False, "lr": plan["lr"],
-            "gamma_lr": plan["gamma_lr"] if uses_own_lr(plan["recipe"], "gamma_lr") else None,
-            "tune_ppl": tune_ppl, "tune_ppl_before": tune_ppl_before,
-            "trainable_params": trainable["trainable_parameters"], "tokens": tokens,
-            "recipe": plan["recipe"], "budget": trainable.get("budget")}
-
-
-def diverged_record(point: dict[str, Any], lr: float | None, gamma_lr: float | None,
-                    error: str) -> dict[str, Any]:
-    return {"schema": SCHEMA, "point": point, "diverged": True, "lr": lr, "gamma_lr": gamma_lr,
-            "tune_ppl": None, "tune_ppl_before": None, "error": error}
-
-
-def read_trial(trial_dir: str | os.PathLike) -> dict[str, Any]:
-    """``trial.json`` of one trial directory (ValueError naming it when absent/malformed)."""
-    path = Path(trial_dir) / TRIAL_FILE
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not a trial record ({err})") from None
-    if record.get("schema") != SCHEMA or "diverged" not in record:
-        raise ValueError(f"{path}: not a schema-{SCHEMA} trial record")
-    return record
-
-
-def best_trial(records: list[dict[str, Any]]) -> int:
-    """Index of the record with the lowest finite ``tune_ppl`` (ties: the first).
-
-    Raises:
-        ValueError: every trial diverged or has no finite tuning perplexity.
-    """
-    scored = [(r["tune_ppl"], i) for i, r in enumerate(records) if _finite_score(r)]
-    if not scored:
-        raise ValueError(f"no trial of {len(records)} finished with a finite tuning perplexity")
-    return min(scored)[1]
 
 
 def select_trial(trial_dirs: list[str | os.PathLike], out_dir: str | os.PathLike,
@@ -123,22 +80,12 @@ def select_trial(trial_dirs: list[str | os.PathLike], out_dir: str | os.PathLike
     """
     records = [read_trial(d) for d in trial_dirs]
     best = best_trial(records)
-    selection = _selection(meta, records, best)
+    selection = selection_record(meta, records, best)
     _publish(Path(trial_dirs[best]), out_dir, selection)
     log.info("chose trial %d of %d (lr %s, gamma_lr %s, tune ppl %.4f)", best, len(records),
              selection["chosen"]["lr"], selection["chosen"]["gamma_lr"],
              records[best]["tune_ppl"])
     return selection
-
-
-def _selection(meta: dict[str, Any], records: list[dict[str, Any]], best: int) -> dict[str, Any]:
-    keys = ("lr", "gamma_lr", "tune_ppl", "tune_ppl_before", "tune_ppl_final",
-            "stopped_at_step", "trainable_params", "tokens", "diverged", "budget")
-    return {"schema": SCHEMA, **meta, "metric": "tune_ppl", "chosen_trial": best,
-            "chosen": {"lr": records[best]["lr"], "gamma_lr": records[best]["gamma_lr"]},
-            "trials": [{**{k: r.get(k) for k in keys},
-                        **{k: r[k] for k in OPTIONAL_TRIAL_KEYS if k in r}}
-                       for r in records]}
 
 
 def _publish(chosen: Path, out_dir: str | os.PathLike, selection: dict[str, Any]) -> None:
@@ -205,7 +152,7 @@ def run_sweep(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
             records, best = _halving(sweep, k, finish_all)
         else:
             records, best = _train_all(sweep)
-    selection = {**_selection(meta, records, best),
+    selection = {**selection_record(meta, records, best),
                  "rung": {"step": k, "steps": steps, "fraction": k / steps},
                  "search": _search_record(sweep, records, best)}
     faults.point("sweep:publish")
@@ -226,15 +173,10 @@ def _search_record(sweep: _Sweep, records: list[dict[str, Any]], best: int) -> d
     """The ``search`` entry of a selection: the rule (None: the fixed grid), how many trials
     were scored, and whether the choice is bracketed on the axes the trials vary or search."""
     axes = _axes(sweep)
-    status = (bracket_status(sweep.points, [_score(r) for r in records], best, axes,
+    status = (bracket_status(sweep.points, [score_of(r) for r in records], best, axes,
                              rule=sweep.rule)["status"] if axes else NOT_SEARCHED)
     return {"rule": sweep.rule.to_dict() if sweep.rule else None, "trials": len(records),
             "grid_points": sweep.grid_points, "axes": list(axes), "status": status}
-
-
-def _score(record: dict[str, Any]) -> float | None:
-    """The score a search compares (None: diverged or not finite)."""
-    return float(record["tune_ppl"]) if _finite_score(record) else None
 
 
 def _grid_steps(configs: list[TrainConfig], points: list[dict[str, Any]]) -> int:
@@ -273,7 +215,7 @@ class _Sweep:
         far) and return its index; None when there is no rule or the search is done."""
         if self.rule is None:
             return None
-        point = propose(self.points, [_score(r) for r in records], self.rule)
+        point = propose(self.points, [score_of(r) for r in records], self.rule)
         if point is None:
             return None
         rates: dict[str, Any] = dict(point)
@@ -332,7 +274,7 @@ def _halving(sweep: _Sweep, k: int, finish_all: bool = False) -> tuple[list[dict
     while (new := sweep.next_point(records)) is not None:
         records.append(rung(new))
     order = [i for _, i in sorted((r["tune_ppl"], i) for i, r in enumerate(records)
-                                  if _finite_score(r))]
+                                  if finite_score(r))]
     log.info("rung at step %d of %d: tune ppl %s", k, sweep.steps,
              [r.get("tune_ppl") for r in records])
     chosen = None
@@ -349,7 +291,7 @@ def _halving(sweep: _Sweep, k: int, finish_all: bool = False) -> tuple[list[dict
                          "perplexity")
     if finish_all:  # the rung check: the bracketing trials to the end as well
         for i in axis_neighbours(sweep.points, chosen, _axes(sweep)):
-            if not _finite_score(records[i]):
+            if not finite_score(records[i]):
                 continue
             final = sweep.final(i)
             records[i] = ({**records[i], "final_diverged": True, "error": final["error"]}
@@ -365,10 +307,7 @@ def _finished(record: dict[str, Any], final: dict[str, Any], steps: int) -> dict
 
 def _axes(sweep: _Sweep) -> tuple[str, ...]:
     """The learning-rate axes of a sweep: the rule's, else those its grid varies."""
-    if sweep.rule is not None:
-        return sweep.rule.axes_of(sweep.points)
-    return tuple(a for a in ("lr", "gamma_lr")
-                 if len({p.get(a) for p in sweep.points if p.get(a) is not None}) > 1)
+    return sweep.rule.axes_of(sweep.points) if sweep.rule is not None else varied_axes(sweep.points)
 
 
 def _train_all(sweep: _Sweep) -> tuple[list[dict[str, Any]], int]:
@@ -394,13 +333,6 @@ def _train_all(sweep: _Sweep) -> tuple[list[dict[str, Any]], int]:
         raise ValueError(f"no trial of {len(sweep.configs)} finished with a finite tuning "
                          "perplexity")
     return records, finished[best_trial([records[i] for i in finished])]
-
-
-def _finite_score(record: dict[str, Any]) -> bool:
-    """Not diverged and a finite ``tune_ppl``: the records a sweep may choose from."""
-    value = record.get("tune_ppl")
-    return (not record.get("diverged") and isinstance(value, (int, float))
-            and math.isfinite(value))
 
 
 def _key(cfg: Any, step: int, model_dir: str | os.PathLike) -> dict[str, Any]:
@@ -446,57 +378,13 @@ def _rung(trial_dir: Path, cfg: Any, point: dict[str, Any], step: int,
             return diverged_record(point, cfg.lr, cfg.gamma_lr, result)
         log.info("trial %s: rung at step %d after %.1fs of training", trial_dir.name,
                  result["stopped_at_step"], result.get("train_seconds", 0.0))
-        return {**_scored(point, result["plan"], result["trainable"], result["ppl"],
+        return {**scored_record(point, result["plan"], result["trainable"], result["ppl"],
                           result["ppl_before"], result["tokens"]),
                 "stopped_at_step": result["stopped_at_step"], "tune_ppl_final": None}
 
     record = _cached(trial_dir / RUNG_FILE, _key(cfg, step, model_dir), compute)
     faults.point("sweep:rung")
     return record
-
-
-def chosen_rates(trained_dir: str | os.PathLike,
-                 next_best: bool = False) -> dict[str, float | None]:
-    """The ``lr`` / ``gamma_lr`` another run chose (its ``selection.json``); ``next_best``:
-    those of the best-scoring neighbour of its choice instead (the nearest trial below or
-    above on each learning-rate axis it searched; without one, the best other trial).
-
-    Raises:
-        ValueError: no selection, or (``next_best``) no other trial with a finite score.
-    """
-    path = Path(trained_dir) / SELECTION_FILE
-    try:
-        selection = json.loads(path.read_text())
-        chosen = selection["chosen"]
-    except (OSError, json.JSONDecodeError, KeyError) as err:
-        raise ValueError(f"{path}: no learning-rate selection ({err})") from None
-    if not next_best:
-        return {"lr": chosen["lr"], "gamma_lr": chosen["gamma_lr"]}
-    trials = selection.get("trials") or []
-    best = int(selection.get("chosen_trial") or 0)
-    axes = [a for a in ("lr", "gamma_lr") if any(t.get(a) is not None for t in trials)]
-    points = [{a: t[a] for a in axes if t.get(a) is not None} for t in trials]
-    scores = [_score(t) for t in trials]
-    scored = [i for i, score in enumerate(scores) if score is not None and i != best]
-    near = [i for i in axis_neighbours(points, best, axes) if i in scored]
-    pool = near or scored
-    if not pool:
-        raise ValueError(f"{path}: no next-best learning rate (every other trial diverged)")
-    other = trials[min(pool, key=lambda i: (scores[i], i))]
-    return {"lr": other["lr"], "gamma_lr": other.get("gamma_lr")}
-
-
-def budget_of(compressed_dir: str | os.PathLike) -> int:
-    """Trainable count a like-for-like baseline is matched to: the ``info.recovery
-    .trainable_params`` that FlexiGPT pruning/extension records in its manifest."""
-    path = Path(compressed_dir) / "manifest.json"
-    try:
-        value = read_manifest(compressed_dir).info["recovery"]["trainable_params"]
-    except (CheckpointError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: no info.recovery.trainable_params to match ({err})") from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{path}: info.recovery.trainable_params must be a positive integer")
-    return value
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -244,7 +244,7 @@ def add_sensitivity(build: GridBuild, names: list[str]) -> None:
     """Each named Table 1 run (method or method/variant, every ratio) trained again at its
     sweep's next-best learning rates (variant ``<variant>_next``, table ``sensitivity``):
     the same compressed model, budget and recipe, the learning rates of the best-scoring
-    neighbour of its choice (:func:`flexigpt.runtime.training.tuning.chosen_rates`). The
+    neighbour of its choice (:func:`flexigpt.runtime.training.choices.chosen_rates`). The
     verdicts ask whether a claim holds with either side at its next-best rates."""
     for spec in names:
         name, _, variant = spec.partition("/")
