@@ -3,13 +3,14 @@
 
     flexigpt.core.fileio.outputs   outputs that appear complete or not at all: atomic_directory,
                               atomic_write_text/bytes, the output marker, check_output,
-                              clean_partials, exchange, restore_swapped, force_outputs,
-                              sha256_file
+                              clean_partials, restore_swapped, force_outputs, sha256_file
+    flexigpt.core.fileio.exchange  two directories swapped in one step (renameat2), when the
+                              system has it: exchange, NO_EXCHANGE_ENV
     flexigpt.core.fileio.checks    a directory holds only what was recorded, nothing outside
                               itself, an output apart from its inputs: check_apart, check_inside, check_listed, unlisted, verify_files,
                               verify_marker
 
-Every public name of both is importable from here.
+Every public name of them is importable from here.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from flexigpt.core.fileio.checks import (
     verify_files,
     verify_marker,
 )
+from flexigpt.core.fileio.exchange import NO_EXCHANGE_ENV, exchange
 from flexigpt.core.fileio.outputs import (
     MANIFEST,
     MARKER,
-    NO_EXCHANGE_ENV,
     CheckpointError,
     OutputExistsError,
     atomic_directory,
@@ -41,7 +42,6 @@ from flexigpt.core.fileio.outputs import (
     check_output,
     clean_partials,
     current_umask,
-    exchange,
     force_outputs,
     foreign_reason,
     kind_of,

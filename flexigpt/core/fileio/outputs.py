@@ -24,8 +24,6 @@ Imports nothing from the harness but :mod:`flexigpt.core.faults`.
 from __future__ import annotations
 
 import contextvars
-import ctypes
-import errno
 import glob
 import hashlib
 import json
@@ -34,7 +32,6 @@ import os
 import re
 import secrets
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from flexigpt.core import faults
+from flexigpt.core.fileio.exchange import exchange
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +47,6 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 #: written by :func:`atomic_directory` into every output directory
 MARKER = ".flexigpt-output.json"
-#: set to ``1``, :func:`atomic_directory` swaps with two renames even where the file system
-#: can exchange two directories in one step (the kill -9 suite tests that path too)
-NO_EXCHANGE_ENV = "FLEXIGPT_NO_EXCHANGE"
 
 
 class CheckpointError(RuntimeError):
@@ -287,48 +282,6 @@ def restore_swapped(out_dir: str | os.PathLike) -> Path | None:
     old = max(found, key=lambda p: p.stat().st_mtime_ns)
     os.replace(old, out)
     return old
-
-
-def _renameat2() -> Any:
-    """libc's ``renameat2`` (Linux, glibc 2.28+), or None where there is none."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                         ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return function
-
-
-#: ``renameat2`` arguments: the current directory, and the flag that swaps two paths
-_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
-
-
-def exchange(first: str | os.PathLike, second: str | os.PathLike) -> bool:
-    """Swap two existing paths in one step (``renameat2(RENAME_EXCHANGE)``): afterwards
-    each name holds what the other held, and no moment exists where either is missing.
-
-    Returns False, having changed nothing, where the platform, the C library or the file
-    system has no such exchange (or :data:`NO_EXCHANGE_ENV` is ``1``).
-
-    Raises:
-        OSError: the exchange was possible but failed (a permission, a missing path).
-    """
-    if os.environ.get(NO_EXCHANGE_ENV) == "1":
-        return False
-    function = _renameat2()
-    if function is None:
-        return False
-    if function(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second),
-                _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(code, os.strerror(code), os.fspath(second))
 
 
 #: (device, inode, size, mtime_ns) → sha256, so a file is hashed once per process
