@@ -13,6 +13,7 @@ key of it, and the DAG, are still checked. Every shell block of the page must be
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -96,3 +97,9 @@ def test_the_own_model_walkthrough_runs_as_written(tmp_path, tiny_resources):
     tables = work / "results" / "my-model" / "tables"
     assert list(tables.glob("table1_*.md")) and (tables / "verdicts.md").is_file()
     assert (work / "archive").is_dir() and any((work / "archive").rglob("eval_final.json"))
+    # the run wrote its run-time record; the dry runs (-n) wrote none
+    records = sorted((work / "results" / "my-model" / "run_records").glob("*.json"))
+    assert len(records) == 1, records
+    record = json.loads(records[0].read_text())
+    assert record["config"] == ["my-model.yaml"] and record["whole_grid"]
+    assert record["jobs"] > 0 and record["minutes"] > 0

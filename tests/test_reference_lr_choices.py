@@ -74,14 +74,15 @@ def test_a_fixed_grid_edge_is_shown_as_an_edge(tmp_path):
     assert not row["searched"]
 
 
-def _checked(tmp_path, finals):
-    """A searched selection record whose bracketing trials reached the end (``finals``)."""
+def _checked(tmp_path, finals, rung=6):
+    """A searched selection record whose bracketing trials reached the end (``finals``),
+    ranked at step ``rung`` of 16."""
     trials = [{"lr": lr, "gamma_lr": None, "tune_ppl": rung, "tune_ppl_before": 900.0,
                "trainable_params": 10, "tokens": 5, "tune_ppl_final": final}
               for lr, rung, final in zip((4e-3, 2e-3, 8e-3), (100.0, 120.0, 140.0), finals)]
     record = {"schema": 1, "run": "m/shortgpt_lora/default/r0.3", "metric": "tune_ppl",
               "tune_text": "t", "tune_windows": 4, "chosen": {"lr": 4e-3, "gamma_lr": None},
-              "chosen_trial": 0, "rung": {"step": 6, "steps": 16}, "trials": trials,
+              "chosen_trial": 0, "rung": {"step": rung, "steps": 16}, "trials": trials,
               "search": {"rule": {"factor": 2.0, "max_trials": 12, "range": {"lr": [1e-5, 1]}},
                          "status": "bracketed", "axes": ["lr"], "trials": 3}}
     path = tmp_path / "selection.json"
@@ -98,3 +99,5 @@ def test_the_rung_check_table_compares_the_rung_order_with_the_final_one(tmp_pat
     flipped = rung_check_table(_checked(tmp_path, (75.0, 70.0, 80.0)), "m").csv.iloc[0]
     assert not flipped["same_choice"] and flipped["final_order"] == "0.002 > 0.004 > 0.008"
     assert rung_check_table(_checked(tmp_path, (60.0, None, None)), "m") is None
+    # no rung (every trial compared at its end): nothing to check, no table
+    assert rung_check_table(_checked(tmp_path, (100.0, 120.0, 140.0), rung=16), "m") is None

@@ -14,9 +14,11 @@ the CLI). Modules, bottom first (each imports only from those before it; no cycl
   recovery curves, Table 1's "tokens to reach the baseline"), ``build`` (Tables 1 and 5,
   paper protocol, KD), ``ablation`` (Table 4), ``decode`` (decoding timings) and ``timing``
   (Tables 6, 7), ``comparisons`` (paired differences, ``comparisons.md``), ``trend_fit`` /
-  ``trend`` (the gap against the recovery budget), ``decision`` / ``claim_rows`` /
-  ``timing_claims`` / ``verdicts`` (the paper's claims decided by those intervals,
-  ``verdicts.md``), ``ladder`` / ``ladder_figure`` / ``budget`` (budget ladders);
+  ``trend`` (the gap against the recovery budget), ``ladder`` (a budget ladder's points and
+  jointly resampled differences), ``decision`` / ``claim_rows`` / ``timing_claims`` /
+  ``verdicts`` (the paper's claims decided by those intervals, ``verdicts.md``; at a
+  ladder's budgets the ladder's interval), ``ladder_figure`` / ``budget`` (budget ladder
+  tables and figures);
 * ``report``: ``build_all``; ``from_archive``: the same tables from an archived run (``flexigpt tables --archive``).
 """
 

@@ -84,12 +84,19 @@ def ours_pair(agg: pd.DataFrame, a: tuple, b: tuple, metric: str) -> str:
 
 def _seeds(diffs: list[Diff]) -> tuple[str, bool]:
     """``Seeds`` text of the differences that decided a row and whether one side had a
-    single seed (then marked †)."""
+    single seed whose interval covers documents only (then marked †). A one-seed side whose
+    seed spread was borrowed from another budget of a ladder (``Diff.seed_source``) is
+    covered: its text says where the spread came from, no †."""
     pairs = sorted({d.seeds for d in diffs if d.seeds})
     if not pairs:
         return "–", False
-    single = any(min(p) == 1 for p in pairs)
+    uncovered = [d for d in diffs if d.seeds and min(d.seeds) == 1
+                 and (not d.seed_source or "documents only" in d.seed_source)]
+    single = bool(uncovered)
     text = ", ".join(" vs ".join(map(str, p)) for p in pairs)
+    borrowed = sorted({d.seed_source for d in diffs if d.seeds and d.seed_source})
+    if borrowed:
+        text += f" (seed spread borrowed: {'; '.join(borrowed)})"
     return text + (f" {SINGLE_SEED}" if single else ""), single
 
 

@@ -45,12 +45,16 @@ OK, NOT_RUN, NO_RECORDS, UNPAIRED = "ok", "not run", "no records", "unpaired"
 @dataclass(frozen=True, eq=False)
 class Diff:
     """One paired difference A − B: ``interval`` and its bootstrap ``replicates``
-    (``[n_boot]``, the same units) when ``status == "ok"``."""
+    (``[n_boot]``, the same units) when ``status == "ok"``; ``seed_source``: where a
+    one-seed side's seed component came from when it was borrowed from another budget of a
+    ladder ("A from 131K, B from 131K", :func:`flexigpt.tables.ladder.seed_components`), ""
+    when the interval covers only what was run."""
 
     status: str
     interval: stats.Interval | None = None
     note: str = ""
     replicates: np.ndarray | None = None
+    seed_source: str = ""
 
     @property
     def seeds(self) -> tuple[int, ...]:

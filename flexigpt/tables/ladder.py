@@ -20,6 +20,7 @@ import pandas as pd
 from flexigpt.core import stats
 from flexigpt.storage.registry import ROLES
 from flexigpt.tables.collect import TASKS
+from flexigpt.tables.comparisons import OK, Diff
 from flexigpt.tables.labels import slug
 from flexigpt.tables.render import si
 from flexigpt.tables.row_intervals import RecordStore, setting_key
@@ -163,6 +164,22 @@ class MetricTrend:
             if p.tokens == tokens:
                 return self.replicates.interval(j)
         return None
+
+
+def ladder_diff(trend: MetricTrend | None, keys: tuple[tuple, tuple]) -> Diff | None:
+    """The difference at the ladder point whose setting keys are ``keys`` (FlexiGPT*,
+    ShortGPT + LoRA*), taken from the ladder's joint replicates with any borrowed seed
+    component: the interval the budget table shows at that budget, so that a verdict on the
+    same comparison quotes the same interval. None: ``keys`` is no point of ``trend``."""
+    if trend is None:
+        return None
+    for j, point in enumerate(trend.points):
+        if point.keys == keys:
+            label = trend.seed_labels[j] if trend.seed_labels else ""
+            borrowed = label not in ("", "measured") and not label.startswith("documents only")
+            return Diff(OK, trend.replicates.interval(j), replicates=trend.replicates.boot[:, j],
+                        seed_source=label if borrowed else "")
+    return None
 
 
 def metric_trend(points: list[Point], store: RecordStore, metric: str,

@@ -39,6 +39,16 @@ FORMATS = {
 MISSING = "–"
 
 
+def replace_marked(text: str, start: str, end: str, new: str, name: str) -> str:
+    """``text`` with the generated block from marker ``start`` through marker ``end``
+    replaced by ``new`` (which carries both markers). ValueError naming the ``name`` block
+    when the markers are missing or out of order."""
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i:
+        raise ValueError(f"no {name} block (its START and END markers) in the text")
+    return text[:i] + new + text[j + len(end):]
+
+
 def si(v: float) -> str:
     """A count with an SI suffix, 3 significant digits: 40960 → 41K, 5.03e7 → 50.3M."""
     for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):

@@ -37,7 +37,9 @@ def _order(trials: pd.DataFrame, column: str) -> list[str]:
 
 
 def rung_check_table(sel: pd.DataFrame, model: str, display: str | None = None) -> Table | None:
-    """One row per checked run of ``model`` (None when no run of it was checked)."""
+    """One row per checked run of ``model`` (None when no run of it was checked). A sweep
+    without a rung (``tuning.rung: 1``: every trial compared at its end) has nothing to
+    check and no row."""
     rows = order_trials(sel[sel["model"].eq(model)]) if not sel.empty else sel
     records = []
     for run, trials in (rows.groupby("run", sort=False) if len(rows) else ()):
@@ -45,9 +47,9 @@ def rung_check_table(sel: pd.DataFrame, model: str, display: str | None = None) 
                         & ~trials["diverged"].astype(bool)]
         scored = scored[scored["tune_ppl_final"].map(lambda v: math.isfinite(v))
                         | scored["final_diverged"].astype(bool)]
-        if len(scored) < 2:
-            continue  # no rung check: only the chosen trial reached the end
         first = trials.iloc[0]
+        if len(scored) < 2 or first["rung_step"] >= first["steps"]:
+            continue  # no rung check: only the chosen trial reached the end, or no rung
         at_rung, at_end = _order(scored, "tune_ppl"), _order(scored, "tune_ppl_final")
         records.append({
             "run": run, "label": run_label(first["method"], first["variant"], first["setting"]),

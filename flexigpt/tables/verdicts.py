@@ -59,6 +59,7 @@ from flexigpt.tables.claim_rows import (
 from flexigpt.tables.comparisons import Comparator, Diff, key_of
 from flexigpt.tables.decision import MISSING_RUN, NOT_A_CLAIM, Rules, decide, rules_block
 from flexigpt.tables.labels import ABLATIONS, method_label
+from flexigpt.tables.ladder import ladder_diff, ladders, metric_trend
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 from flexigpt.tables.row_intervals import setting_key
@@ -93,12 +94,19 @@ def _paper_ab(pub: pd.DataFrame, r: float, metric: str) -> str:
 def claims_ab(agg, pub, comp: Comparator, model: str,
               rules: Rules = DEFAULT_RULES) -> Iterator[dict[str, Any]]:
     """(a) PPL and (b) average accuracy: FlexiGPT* vs ShortGPT + LoRA* per ratio and
-    recovery token budget."""
+    recovery token budget. At the budgets of a ladder the difference is the ladder's
+    (:func:`~flexigpt.tables.ladder.ladder_diff`: jointly resampled, a one-seed side with
+    its borrowed seed spread), the one the budget table shows."""
+    budget_ladders = ladders(agg, model)
     for tag, metric in (("(a) FlexiGPT* lower PPL than ShortGPT + LoRA*", "log_ppl"),
                         ("(b) FlexiGPT* higher Avg than ShortGPT + LoRA*", "avg")):
         for r in claim_ratios(agg, model):
+            points = budget_ladders.get(round(r, 6))
+            trend = metric_trend(points, comp.store, metric, n_boot=comp.n_boot,
+                                 seed=comp.seed) if points else None
             for pair in pairs_at(agg, model, r):
-                d = comp.diff(pair.key_a, pair.key_b, metric)
+                d = (ladder_diff(trend, (pair.key_a, pair.key_b))
+                     or comp.diff(pair.key_a, pair.key_b, metric))
                 m = rules.margin(metric)
                 direction = DIRECTION.get(metric, "greater")
                 verdict = decide(d, direction, m)

@@ -21,10 +21,12 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from flexigpt.core.fileio import atomic_write_text
+from flexigpt.workflow import run_record
 from flexigpt.workflow.config_check import ConfigError, check_config_files
 
 log = logging.getLogger(__name__)
@@ -254,6 +256,24 @@ def preflight_config(passed: list[str], workdir: Path) -> None:
             raise ConfigError(f"config file {named}: {' '.join(str(err).split())}") from None
 
 
+def _record_run(passed: list[str], workdir: Path, started: float,
+                load: run_record.LoadSampler) -> None:
+    """Write the run-time record of a finished run (:mod:`flexigpt.workflow.run_record`)
+    into its results folder; a failure to write it is a warning, never the run's error."""
+    ended = time.time()
+    files = configfiles(passed) or [str(DEFAULT_CONFIG)]
+    try:
+        key = merged_config(files)["model"]["key"]
+        record = run_record.build_record(
+            config=files, args=passed, started=started, ended=ended,
+            jobs=run_record.jobs_finished(workdir, started), load=load.stop())
+        path = run_record.write_record(workdir / "results" / str(key), record)
+    except (OSError, KeyError, TypeError, ValueError) as err:
+        log.warning("run-time record not written: %s", err)
+        return
+    log.info("run-time record: %s (%.1f min, %s jobs)", path, record["minutes"], record["jobs"])
+
+
 def run(args: argparse.Namespace) -> int:
     passed = [a for a in args.snakemake_args if a != "--"]
     # an empty or non-mapping --configfile is refused here, naming the file, before
@@ -270,10 +290,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     clear_stale_lock(workdir)
     before = _lock_files(workdir / LOCK_DIR)  # another run's locks are never taken as ours
+    started, load = time.time(), run_record.LoadSampler().start()
     child = subprocess.Popen(snakemake_command(passed))
     owner = OwnerRecord(workdir, child, before=before)
     try:
-        return child.wait()
+        rc = child.wait()
+        if rc == 0 and run_record.does_work(passed):
+            _record_run(passed, workdir, started, load)
+        return rc
     except KeyboardInterrupt:  # snakemake got the same SIGINT: let it stop its jobs
         try:
             return child.wait(timeout=60)

@@ -25,6 +25,7 @@ from flexigpt.methods.compression_basis import embedding_parameters
 from flexigpt.tables.from_archive import INDEX, KINDS, read_index
 from flexigpt.workflow.dag.grid import RunGrid
 from flexigpt.workflow.model_skeletons import checkpoint_skeleton
+from flexigpt.workflow.run_record import RECORD_DIR
 
 
 def table_inputs(grid: RunGrid) -> dict[str, list[str]]:
@@ -46,6 +47,16 @@ def support_files(inputs: dict[str, list[str]], workdir: Path) -> list[str]:
         found += [str(Path(rel).parent / name) for name in named.values() if name]
     found += [str(Path(rel).parent / "manifest.json") for rel in inputs["train_logs"]]
     return [rel for rel in dict.fromkeys(found) if (workdir / rel).is_file()]
+
+
+def run_records(workdir: Path, key: str | None) -> list[str]:
+    """The run-time records ``flexigpt run`` wrote for model ``key``
+    (:mod:`flexigpt.workflow.run_record`), relative to ``workdir``: archived with the run so
+    its wall times travel with its numbers."""
+    if not key:
+        return []
+    folder = workdir / "results" / key / RECORD_DIR
+    return sorted(str(p.relative_to(workdir)) for p in folder.glob("*.json"))
 
 
 def _copy(work: Path, dest: Path, rels: list[str]) -> list[Path]:
@@ -77,9 +88,9 @@ def archive_run(config: dict[str, Any], out: str | os.PathLike,
                                 f"missing under {work.resolve()}, e.g. {missing[0]}")
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"{dest} exists and is not empty; archive into a new directory")
-    support = support_files(inputs, work)
-    written = _copy(work, dest, [*(p for kind in KINDS for p in inputs[kind]), *support])
     model = config.get("model") or {}
+    support = [*support_files(inputs, work), *run_records(work, model.get("key"))]
+    written = _copy(work, dest, [*(p for kind in KINDS for p in inputs[kind]), *support])
     index = {"schema": 1, "results_dir": "results", "inputs": inputs, "support": support,
              "model_names": {model["key"]: model.get("name", model["key"])} if model else {},
              "model_facts": model_facts(config, work)}
