@@ -252,6 +252,59 @@ def _hub_config(spec: str):
         hf_logging.set_verbosity(verbosity)
 
 
+#: the files of a hub repository a load reads: configs, safetensors weights and their index,
+#: tokenizer files; top level only (``ignore_patterns``), and never pickled weights
+HUB_LOAD_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+def _hub_snapshot(spec: str) -> Path:
+    """The files of hub id ``spec`` a load reads (:data:`HUB_LOAD_FILES`), as a folder of
+    the local hub cache: downloaded at the repository's current commit (or those cached,
+    when the hub is disabled or unreachable), each checked against the hash the hub recorded
+    for it (:func:`~flexigpt.storage.models.hub_cache.snapshot_problems`).
+
+    Raises:
+        ModelLoadError: the download failed, a file is not what the hub recorded, or the
+            repository has no safetensors weights.
+    """
+    from huggingface_hub import snapshot_download
+
+    from flexigpt.storage.models.hub_cache import snapshot_problems
+
+    try:
+        folder = Path(snapshot_download(spec, allow_patterns=HUB_LOAD_FILES,
+                                        ignore_patterns=["*/*"]))
+    except Exception as err:  # noqa: BLE001  (huggingface_hub raises many types for one failure)
+        text = str(err).strip().splitlines()
+        raise ModelLoadError(f"cannot download model {spec!r} from the Hugging Face hub "
+                             f"({hub_endpoint()}): {type(err).__name__}: "
+                             f"{text[0] if text else ''}") from None
+    problems = snapshot_problems(folder)
+    if problems:
+        raise ModelLoadError(
+            f"hub model {spec!r}: {len(problems)} downloaded file(s) differ from what the hub "
+            f"recorded ({'; '.join(problems[:3])}); nothing was loaded — delete "
+            f"{str(folder.parent.parent)!r} to download it again")
+    if not any(folder.glob("*.safetensors")):
+        raise ModelLoadError(
+            f"hub model {spec!r} has no safetensors weights (its weights: "
+            f"{_hub_pickled(spec) or 'none'}); flexigpt-bench loads safetensors only "
+            "(unpickling can run code), so pickled weights are not even downloaded")
+    return folder
+
+
+def _hub_pickled(spec: str) -> list[str]:
+    """The pickled weight files of hub id ``spec`` (for a message; [] when the hub does not
+    answer)."""
+    from huggingface_hub import HfApi
+
+    try:
+        files = HfApi().list_repo_files(spec)
+    except Exception:  # noqa: BLE001  (a message detail only)
+        return []
+    return sorted(f for f in files if f.endswith(PICKLE_SUFFIXES))
+
+
 def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
                device: str = "cpu", verify: bool = True,
                mapped: bool = True) -> tuple[nn.Module, object]:
@@ -268,20 +321,24 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
             unchanged (sha256).
         mapped: leave the weights memory-mapped from the checkpoint (transformers' default:
             pages load as they are touched). ``False`` reads them into process memory
-            (:func:`own_weights`; local CPU checkpoints), for callers that replace weights:
-            a replaced weight of a mapping stays resident until every weight of its file is
-            gone, so compressing a mapped model holds up to two copies of it.
+            (:func:`own_weights`; CPU weights, a hub id's from its cache folder), for
+            callers that replace weights: a replaced weight of a mapping stays resident
+            until every weight of its file is gone, so compressing a mapped model holds up
+            to two copies of it.
 
     Never runs code the checkpoint brings along (``trust_remote_code=False``; a checkpoint
-    that needs it is refused) and loads safetensors weights only.
+    that needs it is refused) and loads safetensors weights only. A hub id's files are
+    downloaded into the hub cache first (:func:`_hub_snapshot`: each checked against the
+    hash the hub recorded for it) and that folder passes the checks of a local directory.
 
     Returns:
         ``(model, tokenizer)`` with the model in eval mode.
 
     Raises:
         ModelLoadError: the path does not exist / holds no checkpoint, or the hub id cannot
-            be resolved (unknown id, no network, gated model without a token); the
-            checkpoint needs remote code or holds pickled weights and no safetensors.
+            be resolved (unknown id, no network, gated model without a token) or a file
+            it downloaded differs from what the hub recorded; the checkpoint needs remote
+            code or holds pickled weights and no safetensors.
         CheckpointError: a harness-written directory holds a file its marker does not
             list, names a path outside itself, or a file changed since it was written.
         UnsupportedArchitectureError: the model family has no adapter.
@@ -299,18 +356,21 @@ def load_model(spec: str | os.PathLike, dtype: str | torch.dtype = "float32",
     if (local / "config.json").is_file():
         spec = str(local)
         _check_local(local, verify)
-        config = AutoConfig.from_pretrained(spec, trust_remote_code=False)
+        get_adapter(AutoConfig.from_pretrained(spec, trust_remote_code=False))
+        source = spec
     else:
-        config = _hub_config(spec)
-    get_adapter(config)  # fail early on unsupported families
-    model = AutoModelForCausalLM.from_pretrained(spec, dtype=parse_dtype(dtype),
+        get_adapter(_hub_config(spec))  # an unsupported family fails before the download
+        source = str(_hub_snapshot(spec))
+        _check_local(Path(source), verify=False)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=parse_dtype(dtype),
                                                  trust_remote_code=False, use_safetensors=True)
-    tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    model.config.name_or_path = tokenizer.name_or_path = spec  # the hub id, not the cache
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device)  # type: ignore[arg-type]  # @wraps on HF .to: self unbound
-    if not mapped and (local / "config.json").is_file():
-        own_weights(model, local)
+    if not mapped:
+        own_weights(model, Path(source))
     return model.eval(), tokenizer
 
 
