@@ -416,3 +416,20 @@ def test_timing_rows_name_the_commit_that_measured_them(tmp_path):
     path.write_text(json.dumps({"created": "2026-12-02T18:52:00+00:00"}))
     assert timing_claims.timing_provenance(path) == "measured 2026-12-02; commit not recorded"
     assert timing_claims.timing_provenance(None) == ""
+
+
+def test_claim_c_names_its_baselines_in_table_order_whatever_the_file_order(tmp_path):
+    """The recovered baselines of (c) are listed in the tables' method order, not in the
+    order the result files were read (a DAG's input list and a directory scan differ)."""
+    root = grid(tmp_path / "r", 0.3, set(), set())
+    for method, variant in (("llm_pruner", "lora"), ("slicegpt", "rft")):
+        write_run(root, method, variant, 0.3, table="main", trained=True,
+                  correct=set(range(80)), log_ppl=BASE_LP)
+    files = sorted(root.rglob("eval_*.json"))
+    files = [f for f in files if not f.name.endswith(".windows.json")]
+    names = set()
+    for order in (files, files[::-1]):
+        out = tmp_path / f"o{len(names)}"
+        build_all(root, out, results=order, make_plots=False, formats=("md", "csv"))
+        names.add(_claim(pd.read_csv(out / "verdicts.csv"), "(c)")["Ours"])
+    assert names == {"0/6 supported vs ShortGPT + LoRA*, SliceGPT + RFT*, LLM-Pruner + LoRA*"}

@@ -63,7 +63,7 @@ from flexigpt.tables.ladder import ladder_diff, ladders, metric_trend
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 from flexigpt.tables.row_intervals import setting_key
-from flexigpt.tables.rows import is_reference, main_rows, table_of
+from flexigpt.tables.rows import is_reference, main_rows, order_rows, table_of
 from flexigpt.tables.timing_claims import claim_g, claim_h
 from flexigpt.tables.trend import BudgetPair
 
@@ -170,6 +170,7 @@ def _others(agg: pd.DataFrame, comp: Comparator, model: str,
               & ~rows["loss"].eq("kd") & pd.Series(paper, index=rows.index, dtype=bool)]
     if pair.tokens is not None and "tokens" in at:
         at = at[at["tokens"].eq(pair.tokens)]
+    at = order_rows(at)  # the table order, whatever order the result files were read in
     keys = [pair.key_b] if comp.has(pair.key_b) else []
     names = ["ShortGPT + LoRA*"] if keys else []
     keys += [setting_key(row) for _, row in at.iterrows()]
