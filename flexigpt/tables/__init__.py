@@ -15,8 +15,11 @@ the CLI). Modules, bottom first (each imports only from those before it; no cycl
   paper protocol, KD), ``ablation`` (Table 4), ``decode`` (decoding timings) and ``timing``
   (Tables 6, 7), ``comparisons`` (paired differences, ``comparisons.md``), ``trend_fit`` /
   ``trend`` (the gap against the recovery budget), ``decision`` / ``claim_rows`` /
-  ``timing_claims`` / ``verdicts`` (the paper's claims decided by those intervals,
-  ``verdicts.md``), ``ladder`` / ``ladder_figure`` / ``budget`` (budget ladders);
+  ``timing_claims`` / ``marks`` / ``verdicts`` (the paper's claims decided by those
+  intervals, each verdict's mark on the page, ``verdicts.md``), ``ladder`` /
+  ``ladder_figure`` / ``budget`` (budget ladders);
+* ``headline`` / ``findings`` (the README's headline, findings and legend), ``page`` (the
+  report pages, ``report.md`` / ``report.html``, in the findings' words);
 * ``report``: ``build_all``; ``from_archive``: the same tables from an archived run (``flexigpt tables --archive``).
 """
 

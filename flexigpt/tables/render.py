@@ -227,10 +227,14 @@ def _td(cell: str, align: str, block: Block, col: str, value: Any) -> str:
     mark = None if _missing(value) or col not in block.marks else block.marks[col](str(value))
     if mark is None:
         return f'<td style="text-align:{align}">{cell}</td>'
-    kind, symbol = mark
-    return (f'<td style="text-align:{align}"><span class="mark mark-{html.escape(kind)}">'
-            f'<span class="symbol" aria-hidden="true">{html.escape(symbol)}</span>{cell}'
-            "</span></td>")
+    return f'<td style="text-align:{align}">{mark_span(*mark, cell)}</td>'
+
+
+def mark_span(kind: str, symbol: str, text: str) -> str:
+    """``text`` (HTML) in the mark of ``kind``: the class ``mark mark-<kind>`` and the symbol
+    before the text (hidden from screen readers, which read the words)."""
+    return (f'<span class="mark mark-{html.escape(kind)}"><span class="symbol" '
+            f'aria-hidden="true">{html.escape(symbol)}</span>{text}</span>')
 
 
 #: the style every HTML page of tables shares
