@@ -147,10 +147,10 @@ def test_verdict_follows_the_interval(tmp_path, shift, flex_extra, base_extra, v
     assert v["Claim"].str.startswith("(f)").any() and v["Claim"].str.startswith("(g)").any()
     assert set(v.loc[v["Claim"].str.startswith("(f)"), "Verdict"]) == {MISSING_RUN}
     report = (tmp_path / "o" / "report.md").read_text()
-    assert report.index("Verdicts on the paper's claims") < report.index("Table 1")
+    assert report.index("## Verdicts on the paper's claims") < report.index("## Table 1")
     page = (tmp_path / "o" / "report.html").read_text()  # the Snakemake report embeds it
-    assert page.startswith("<!doctype html>") and page.index("Verdicts on the paper") < \
-        page.index("Table 1")
+    assert page.startswith("<!doctype html>") and page.index("<h2>Verdicts on the paper") < \
+        page.index("<h2>Table 1")
     assert page.count("<table>") == report.count("\n### ") and "<td" in page
 
 

@@ -16,9 +16,12 @@ the CLI). Modules, bottom first (each imports only from those before it; no cycl
   (Tables 6, 7), ``comparisons`` (paired differences, ``comparisons.md``), ``trend_fit`` /
   ``trend`` (the gap against the recovery budget), ``ladder`` (a budget ladder's points and
   jointly resampled differences), ``decision`` / ``claim_rows`` / ``timing_claims`` /
-  ``verdicts`` (the paper's claims decided by those intervals, ``verdicts.md``; at a
-  ladder's budgets the ladder's interval), ``ladder_figure`` / ``budget`` (budget ladder
-  tables and figures);
+  ``marks`` / ``verdicts`` (the paper's claims decided by those intervals, at a ladder's
+  budgets the ladder's interval; each verdict's mark on the page; ``verdicts.md``),
+  ``ladder_figure`` / ``budget`` (budget ladder tables and figures);
+* ``headline`` / ``findings`` / ``run_times`` (the README's headline, findings and legend,
+  run-time table), ``page`` (the report pages, ``report.md`` / ``report.html``, in the
+  findings' words);
 * ``report``: ``build_all``; ``from_archive``: the same tables from an archived run (``flexigpt tables --archive``).
 """
 

@@ -222,14 +222,20 @@ class Ladder:
         return [self.table, strategies_table(self.model, self.ratio, self.strategies,
                                              self.display)]
 
+    def figures(self, out_dir: str | os.PathLike) -> list[tuple[str, list[Path]]]:
+        """``fig_budget_<model>_r<ratio>.png`` (and the strategies' figure): the files
+        written, each with the name of the table whose numbers it plots."""
+        tables = self.tables
+        drawn = [(tables[0].name, ladder_figure(self.model, self.ratio, self.points,
+                                                self.trends, out_dir, self.display))]
+        if len(tables) > 1 and self.store is not None:
+            drawn.append((tables[1].name, strategies_figure(
+                self.model, self.ratio, self.strategies, self.store, out_dir, self.display)))
+        return drawn
+
     def figure(self, out_dir: str | os.PathLike) -> list[Path]:
-        """``fig_budget_<model>_r<ratio>.png`` (and the strategies' figure): files written."""
-        written = ladder_figure(self.model, self.ratio, self.points, self.trends, out_dir,
-                                self.display)
-        if len(self.strategies) > 2 and self.store is not None:
-            written += strategies_figure(self.model, self.ratio, self.strategies, self.store,
-                                         out_dir, self.display)
-        return written
+        """The files of :meth:`figures`."""
+        return [p for _, files in self.figures(out_dir) for p in files]
 
 
 def _load(results: Sequence[str | os.PathLike]) -> tuple[pd.DataFrame, RecordStore] | None:

@@ -21,12 +21,15 @@ NO_DIFFERENCE = stats.NO_DIFFERENCE
 NOT_A_CLAIM = "not a claim of the paper"
 MISSING_RUN = "not run in this config"
 REPORTED = "reported (timing; single run, no interval)"
+NOT_MEASURED = "not measured"
 #: smallest differences that matter (defaults of :class:`Rules`)
 LOG_PPL_MARGIN = 0.02
 ACCURACY_MARGIN = 1.0
 SINGLE_SEED = "†"
 _STATUS = {NOT_RUN: MISSING_RUN, NO_RECORDS: "no records (point values only)",
            UNPAIRED: "unpaired"}
+#: the verdicts of a difference that could not be decided (no run, no records, unpaired)
+STATUS_VERDICTS = tuple(_STATUS.values())
 _STATS_VERDICT = {"supported": SUPPORTED, "contradicted": CONTRADICTED,
                   NO_DIFFERENCE: NO_DIFFERENCE, "undecided": UNDECIDED}
 

@@ -44,12 +44,13 @@ LETTERS = {
 }
 
 
-def settings(across: pd.DataFrame, runs: Sequence[pd.DataFrame] = ()) -> pd.DataFrame:
+def settings(across: pd.DataFrame | None, runs: Sequence[pd.DataFrame] = ()) -> pd.DataFrame:
     """The decided rows the headline shows, one per claim, model (or run) and setting:
     ``letter, claim, model, setting, tokens, verdict, delta`` (a run's rows at its largest
-    budget per setting; verdict without its † mark)."""
+    budget per setting; verdict without its † mark). ``across``: the cross-model verdicts
+    (None: the runs' alone)."""
     rows = []
-    kept = _kept(across, "verdict", "claim")
+    kept = _kept(across, "verdict", "claim") if across is not None else pd.DataFrame()
     for r in kept.itertuples():
         tokens = re.match(r"^(\d+) tokens$", str(r.recovery))
         rows.append((_letter(str(r.claim)), str(r.claim), str(r.model), str(r.setting),
@@ -84,7 +85,8 @@ def sentence(rows: pd.DataFrame) -> str:
     n = len(rows)
     counts = Counter(rows["verdict"])
     if len(counts) == 1:
-        verdicts = f"{next(iter(counts))} in all {n} settings run"
+        verdicts = f"{next(iter(counts))} in " + (f"all {n} settings run" if n > 1
+                                                   else "the one setting run")
     else:
         verdicts = ", ".join(f"{v} in {k}" for v, k in counts.most_common()) + \
             f" of the {n} settings run"
@@ -101,6 +103,14 @@ def sentence(rows: pd.DataFrame) -> str:
         unit = "nats of log-PPL" if "PPL" in claim else "accuracy points"
         spread = (f"; Δ {low} {unit}" if low == high else f"; Δ from {low} to {high} {unit}")
     return f"Claim {claim}: {verdicts} ({where}{spread})."
+
+
+def run_findings(verdicts: pd.DataFrame) -> list[str]:
+    """The findings of one run's verdicts (a ``verdicts.csv``), in the README's words (the
+    report pages, :mod:`flexigpt.tables.page`); none without a decided row of (a)-(c)."""
+    if verdicts.empty or "tokens" not in verdicts:
+        return []
+    return findings_lines(settings(None, [verdicts]))
 
 
 def findings_lines(frame: pd.DataFrame) -> list[str]:

@@ -12,7 +12,8 @@ import html
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,10 @@ class Block:
         notes: footnote lines printed under the block.
         errors: column → per-row 95 % CI half-width (None: not shown), rendered
             ``value ±hw`` after the value; bolding uses the value only.
+        marks: column → function of a cell's text giving ``(kind, symbol)`` (None: no
+            mark): in HTML the cell gets the class ``mark mark-<kind>`` and the symbol
+            before its text (:mod:`flexigpt.tables.marks`); Markdown, LaTeX and CSV show
+            the text alone.
     """
 
     title: str
@@ -94,6 +99,7 @@ class Block:
     markers: dict[tuple[int, str], str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     errors: dict[str, list[float | None]] = field(default_factory=dict)
+    marks: dict[str, Callable[[str], tuple[str, str] | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for col, kind in self.kinds.items():
@@ -199,34 +205,59 @@ def to_markdown(table: Table) -> str:
 
 
 def to_html(table: Table, level: int = 2) -> str:
-    """An HTML fragment: ``<h{level}>`` title, each block as a heading, ``<table>`` (best
-    values in ``<b>``, numeric columns right-aligned) and its notes; text is escaped."""
+    """An HTML fragment: ``<h{level}>`` title, then :func:`blocks_html`."""
+    return f"<h{level}>{html.escape(table.title)}</h{level}>\n" + blocks_html(table, level + 1)
+
+
+def blocks_html(table: Table, level: int = 3) -> str:
+    """Each block of ``table`` as a ``<h{level}>`` heading, ``<table>`` (best values in
+    ``<b>``, numeric columns right-aligned, marked cells as :attr:`Block.marks` says) and its
+    notes, then the table's notes; text is escaped."""
     esc = html.escape
-    parts = [f"<h{level}>{esc(table.title)}</h{level}>"]
+    parts = []
     for block in table.blocks:
         cols = list(block.frame.columns)
         align = ["left" if block.kinds.get(c, "text") == "text" else "right" for c in cols]
         head = "".join(f'<th style="text-align:{a}">{esc(str(c))}</th>'
                        for c, a in zip(cols, align))
+        frame = block.frame.reset_index(drop=True)
         body = "".join(
-            "<tr>" + "".join(f'<td style="text-align:{a}">{cell}</td>'
-                             for cell, a in zip(row, align)) + "</tr>"
-            for row in _strings(_escaped(block), "<b>{}</b>", escape=False))
-        parts += [f"<h{level + 1}>{esc(block.title)}</h{level + 1}>",
+            "<tr>" + "".join(_td(cell, a, block, col, frame.at[i, col])
+                             for cell, a, col in zip(row, align, cols)) + "</tr>"
+            for i, row in enumerate(_strings(_escaped(block), "<b>{}</b>", escape=False)))
+        parts += [f"<h{level}>{esc(block.title)}</h{level}>",
                   f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
                   *(f"<p>{esc(n)}</p>" for n in block.notes)]
     parts += [f"<p>{esc(n)}</p>" for n in table.notes]
     return "\n".join(parts) + "\n"
 
 
+def _td(cell: str, align: str, block: Block, col: str, value: Any) -> str:
+    """One ``<td>``: ``cell`` (escaped), marked when ``block.marks`` marks ``value``."""
+    mark = None if _missing(value) or col not in block.marks else block.marks[col](str(value))
+    if mark is None:
+        return f'<td style="text-align:{align}">{cell}</td>'
+    return f'<td style="text-align:{align}">{mark_span(*mark, cell)}</td>'
+
+
+def mark_span(kind: str, symbol: str, text: str) -> str:
+    """``text`` (HTML) in the mark of ``kind``: the class ``mark mark-<kind>`` and the symbol
+    before the text (hidden from screen readers, which read the words)."""
+    return (f'<span class="mark mark-{html.escape(kind)}"><span class="symbol" '
+            f'aria-hidden="true">{html.escape(symbol)}</span>{text}</span>')
+
+
+#: the style every HTML page of tables shares
+STYLE = ("body{font-family:sans-serif;max-width:1400px;margin:auto}"
+         "table{border-collapse:collapse;margin:0.5em 0}"
+         "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}"
+         "p{font-size:13px;color:#333}")
+
+
 def html_page(title: str, tables: list[Table]) -> str:
-    """A self-contained HTML page of ``tables`` (what the Snakemake report embeds)."""
-    style = ("body{font-family:sans-serif;max-width:1400px;margin:auto}"
-             "table{border-collapse:collapse;margin:0.5em 0}"
-             "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}"
-             "p{font-size:13px;color:#333}")
+    """A self-contained HTML page of ``tables``."""
     return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
-            f"</title><style>{style}</style></head><body><h1>{html.escape(title)}</h1>\n"
+            f"</title><style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>\n"
             + "".join(to_html(t) for t in tables) + "</body></html>\n")
 
 
@@ -236,9 +267,8 @@ def _escaped(block: Block) -> Block:
     for col in frame.columns:
         if block.kinds.get(col, "text") == "text":
             frame[col] = [v if _missing(v) else html.escape(str(v)) for v in frame[col]]
-    return Block(block.title, frame, block.kinds, block.best, block.group,
-                 {k: html.escape(v) for k, v in block.markers.items()}, block.notes,
-                 block.errors)
+    return replace(block, frame=frame,
+                   markers={k: html.escape(v) for k, v in block.markers.items()})
 
 
 def to_latex(table: Table) -> str:

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,9 @@ from flexigpt.tables.curves import add_reach, recovery_by_ratio
 from flexigpt.tables.decode import collect_decodes
 from flexigpt.tables.facts import check_facts, with_facts
 from flexigpt.tables.labels import slug
+from flexigpt.tables.page import write_report
 from flexigpt.tables.published import load_published
-from flexigpt.tables.render import Table, html_page, to_markdown, write_table
+from flexigpt.tables.render import Table, write_table
 from flexigpt.tables.replacement import replacement_table
 from flexigpt.tables.row_intervals import RecordStore, add_intervals
 from flexigpt.tables.rung_check import rung_check_table
@@ -38,8 +39,6 @@ from flexigpt.tables.selections import collect_selections
 from flexigpt.tables.verdicts import verdict_table
 
 log = logging.getLogger(__name__)
-
-REPORT_TITLE = "FlexiGPT reproduction report"
 
 PathList = list[str | os.PathLike] | None
 
@@ -81,10 +80,12 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
               model_facts: Mapping[str, Mapping[str, Any]] | None = None) -> list[Path]:
     """Write Tables 1, 4, 5, 6, 7, the paper-protocol and KD tables and the LR-sweep table
     (per model, where inputs exist), ``verdicts`` / ``comparisons`` (paired bootstrap
-    intervals from the per-document records; :mod:`flexigpt.tables.verdicts`), a
-    ``report.md`` holding every Markdown table (verdicts first, budget ladders last:
-    :mod:`flexigpt.tables.budget`) and the figures. Cells of
-    rows with records carry 95 % interval half-widths (:mod:`flexigpt.tables.row_intervals`).
+    intervals from the per-document records; :mod:`flexigpt.tables.verdicts`), the figures
+    and the report, ``report.md`` and ``report.html`` (:mod:`flexigpt.tables.page`: the
+    findings and the legend, then every summary table, verdicts first, budget ladders last,
+    :mod:`flexigpt.tables.budget`; in the HTML each figure beside the table it plots). Cells
+    of rows with records carry 95 % interval half-widths
+    (:mod:`flexigpt.tables.row_intervals`).
 
     Args:
         results_dir: tree to discover inputs in (None: only the explicit lists).
@@ -119,23 +120,46 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     models = list(dict.fromkeys(data.agg["model"])) if not data.agg.empty else []
     if not models:
         log.info("no evaluation results: tables 1, 4, 5 skipped")
-    written, summary = _result_tables(data, models, names, out, formats)
-    written += _timing_and_sweep_tables(data, names, out, formats)
+    written, summary, table1 = _result_tables(data, models, names, out, formats)
+    timing_written, sweeps = _timing_and_sweep_tables(data, names, out, formats)
+    written += timing_written
+    summary += sweeps.values()
     ladders = find_ladders(inputs.results, train_logs=inputs.train_logs, model_names=names)
     for ladder in ladders:
         for table in ladder.tables:
             written += write_table(table, out, tuple(f for f in formats if f != "tex"))
             summary.append(table)
-    written += _report_pages(summary, out, formats)
+    figures = _Figures()
     if make_plots:
-        written += _figures(data.agg, data.logs, data.records, root, out, names)
-        written += _sweep_figures(data.sel, out, names)
+        _figures(data.agg, data.logs, data.records, root, out, names, table1, figures)
+        _sweep_figures(data.sel, out, names, sweeps, figures)
         for ladder in ladders:
-            written += ladder.figure(out)
+            for name, files in ladder.figures(out):
+                figures.add(files, name)
+    if summary and "md" in formats:  # the report pages, then the figures they show
+        written += write_report(out, summary, written, figures.beside, figures.loose)
+    written += figures.files
     index = out / "index.txt"
     atomic_write_text(index, "".join(f"{p.relative_to(out)}\n" for p in written))
     log.info("wrote %d files to %s", len(written), out)
     return written
+
+
+@dataclass
+class _Figures:
+    """The figures drawn, in order (``files``), by the table whose numbers each plots
+    (``beside``: table name → files) or none (``loose``)."""
+
+    files: list[Path] = field(default_factory=list)
+    beside: dict[str, list[Path]] = field(default_factory=dict)
+    loose: list[Path] = field(default_factory=list)
+
+    def add(self, files: list[Path], table: str | None = None) -> None:
+        self.files += files
+        if table is None:
+            self.loose += files
+        else:
+            self.beside.setdefault(table, []).extend(files)
 
 
 @dataclass
@@ -174,11 +198,14 @@ def _read_all(inputs: Inputs, published: str | os.PathLike | None, root: Path | 
 
 
 def _result_tables(data: _Loaded, models: list[str], names: Mapping[str, str], out: Path,
-                   formats: tuple[str, ...]) -> tuple[list[Path], list[Table]]:
+                   formats: tuple[str, ...],
+                   ) -> tuple[list[Path], list[Table], dict[str, str]]:
     """Write ``verdicts`` / ``comparisons`` (never as LaTeX), then Tables 1, paper protocol,
-    KD, 4 and 5 per model; returns (files written, the tables for ``report.md``)."""
+    KD, 4 and 5 per model; returns (files written, the tables for ``report.md``, model →
+    the name of its Table 1)."""
     written: list[Path] = []
     summary: list[Table] = []
+    table1: dict[str, str] = {}
     comp = Comparator(data.store)
     if models:
         for table in (verdict_table(data.agg, data.pub, data.times, comp, models, data.decodes),
@@ -193,11 +220,13 @@ def _result_tables(data: _Loaded, models: list[str], names: Mapping[str, str], o
             if table is not None:
                 written += write_table(table, out, formats)
                 summary.append(table)
+                if builder is build.table1:
+                    table1[model] = table.name
         table = replacement_table(data.agg, comp, model, display=names.get(model))
         if table is not None:
             written += write_table(table, out, tuple(f for f in formats if f != "tex"))
             summary.append(table)
-    return written, summary
+    return written, summary, table1
 
 
 def _sweep_models(sel: pd.DataFrame) -> list[str]:
@@ -205,10 +234,12 @@ def _sweep_models(sel: pd.DataFrame) -> list[str]:
 
 
 def _timing_and_sweep_tables(data: _Loaded, names: Mapping[str, str], out: Path,
-                             formats: tuple[str, ...]) -> list[Path]:
-    """Write Tables 6 and 7 per timed model and the LR-sweep table per swept model (Markdown
-    and CSV only); returns the files written."""
+                             formats: tuple[str, ...]) -> tuple[list[Path], dict[str, Table]]:
+    """Write Tables 6 and 7 per timed model and the LR-sweep and rung-check tables per swept
+    model (Markdown and CSV only); returns the files written and each swept model's LR-sweep
+    table (for the report, where its figure stands beside it)."""
     written: list[Path] = []
+    sweeps: dict[str, Table] = {}
     times = data.times
     for model in (list(dict.fromkeys(times["model"])) if not times.empty else []):
         for number in (6, 7):
@@ -222,46 +253,35 @@ def _timing_and_sweep_tables(data: _Loaded, names: Mapping[str, str], out: Path,
             table = make(data.sel, model, names.get(model))
             if table is not None and sweep_formats:
                 written += write_table(table, out, sweep_formats)
-    return written
+                if make is sweep.sweep_table:
+                    sweeps[model] = table
+    return written, sweeps
 
 
-def _report_pages(summary: list[Table], out: Path, formats: tuple[str, ...]) -> list[Path]:
-    """``report.md`` (every summary table, verdicts first) and the same tables as
-    ``report.html`` (for the Snakemake report); nothing without tables or Markdown."""
-    if not (summary and "md" in formats):
-        return []
-    report = out / "report.md"
-    atomic_write_text(report, f"# {REPORT_TITLE}\n\n"
-                      + "\n".join(to_markdown(t) for t in summary))
-    page = out / "report.html"
-    atomic_write_text(page, html_page(REPORT_TITLE, summary))
-    return [report, page]
-
-
-def _sweep_figures(sel: pd.DataFrame, out: Path,
-                   names: Mapping[str, str] | None = None) -> list[Path]:
-    """``fig_lr_sweep_<model>`` per swept model."""
+def _sweep_figures(sel: pd.DataFrame, out: Path, names: Mapping[str, str],
+                   sweeps: Mapping[str, Table], figures: _Figures) -> None:
+    """``fig_lr_sweep_<model>`` per swept model, beside its LR-sweep table."""
     from flexigpt.tables import plots  # matplotlib only when figures are wanted
 
-    written: list[Path] = []
     for model in _sweep_models(sel):
-        written += plots.lr_sweep(sel, model, out, f"fig_lr_sweep_{slug(model)}",
-                                  (names or {}).get(model))
-    return written
+        files = plots.lr_sweep(sel, model, out, f"fig_lr_sweep_{slug(model)}", names.get(model))
+        figures.add(files, sweeps[model].name if model in sweeps else None)
 
 
 def _figures(agg: pd.DataFrame, logs: dict[str, pd.DataFrame],
              records: list[tuple[Path, dict[str, Any]]], root: Path | None,
-             out: Path, names: Mapping[str, str] | None = None) -> list[Path]:
-    """Accuracy/PPL-vs-ratio per model, recovery curves, BI bars and distance heat maps."""
+             out: Path, names: Mapping[str, str], table1: Mapping[str, str],
+             figures: _Figures) -> None:
+    """Accuracy/PPL-vs-ratio and the recovery curves per ratio of each model (beside its
+    Table 1), every run's recovery curves, BI bars and distance heat maps (no table's)."""
     from flexigpt.tables import plots  # matplotlib only when figures are wanted
 
-    written: list[Path] = []
     for model in (list(dict.fromkeys(agg["model"])) if not agg.empty else []):
         stem = f"fig_accuracy_vs_ratio_{slug(model)}"
-        written += plots.accuracy_vs_ratio(agg, model, out, stem, (names or {}).get(model))
-        written += recovery_by_ratio(agg, logs, model, out, (names or {}).get(model))
-    written += plots.recovery_curves(logs, out)
+        figures.add(plots.accuracy_vs_ratio(agg, model, out, stem, names.get(model))
+                    + recovery_by_ratio(agg, logs, model, out, names.get(model)),
+                    table1.get(model))
+    figures.add(plots.recovery_curves(logs, out))
     seen: set[str] = set()
     if not records:
         log.info("BI / distance plots: no FlexiGPT manifests with block_influence; skipped")
@@ -272,6 +292,5 @@ def _figures(agg: pd.DataFrame, logs: dict[str, pd.DataFrame],
             continue
         seen.add(key)
         name = slug(_label(path, root).replace("/", "_"))
-        written += plots.block_influence(rec, out, f"fig_bi_{name}")
-        written += plots.distance_heatmap(rec, out, f"fig_distance_{name}")
-    return written
+        figures.add(plots.block_influence(rec, out, f"fig_bi_{name}")
+                    + plots.distance_heatmap(rec, out, f"fig_distance_{name}"))

@@ -14,7 +14,7 @@ import pandas as pd
 
 from flexigpt.storage.registry import ROLES
 from flexigpt.tables.claim_rows import PAPER_T1, PAPER_T5, claim_row, num_text
-from flexigpt.tables.decision import REPORTED
+from flexigpt.tables.decision import NOT_MEASURED, REPORTED
 from flexigpt.tables.decode import PAPER_SPECULATIVE_FASTER
 from flexigpt.tables.labels import method_label
 from flexigpt.tables.published import match_published
@@ -29,8 +29,8 @@ def claim_g(times: pd.DataFrame, pub: pd.DataFrame, model: str) -> Iterator[dict
     """(g) inference cost ratios (Tables 6, 7): reported, never decided (no interval)."""
     rows = times[times["model"].eq(model)] if not times.empty else times
     if rows.empty:
-        yield claim_row("(g) inference cost (Tables 6, 7)", "–", "", "not measured", None,
-                        "not measured")
+        yield claim_row("(g) inference cost (Tables 6, 7)", "–", "", NOT_MEASURED, None,
+                        NOT_MEASURED)
         return
     for _, t in rows[~rows["method"].eq(ROLES.reference)].iterrows():
         table = 7 if t["method"] == ROLES.extension else 6

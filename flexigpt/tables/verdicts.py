@@ -33,6 +33,7 @@ again in the first block of ``verdicts.md``, :func:`~flexigpt.tables.decision.ru
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -60,6 +61,7 @@ from flexigpt.tables.comparisons import Comparator, Diff, key_of
 from flexigpt.tables.decision import MISSING_RUN, NOT_A_CLAIM, Rules, decide, rules_block
 from flexigpt.tables.labels import ABLATIONS, method_label
 from flexigpt.tables.ladder import ladder_diff, ladders, metric_trend
+from flexigpt.tables.marks import verdict_mark
 from flexigpt.tables.published import match_published
 from flexigpt.tables.render import Block, Table
 from flexigpt.tables.row_intervals import setting_key
@@ -338,10 +340,12 @@ def verdict_table(agg: pd.DataFrame, pub: pd.DataFrame, times: pd.DataFrame,
             frame["Sensitivity"] = None
         frame["Sensitivity"] = frame["Sensitivity"].fillna("–")
         csv.append(frame.assign(model=model))
-        blocks.append(Block(f"{model}: the paper's claims", frame[SHOWN], notes=[NOTE]))
+        blocks.append(Block(f"{model}: the paper's claims", frame[SHOWN], notes=[NOTE],
+                            marks={"Verdict": verdict_mark}))
     if not blocks:
         return None
-    return Table("verdicts", "Verdicts on the paper's claims", [rules_block(rules), *blocks],
+    rules_shown = replace(rules_block(rules), marks={"Rule": verdict_mark})  # the marks' key
+    return Table("verdicts", "Verdicts on the paper's claims", [rules_shown, *blocks],
                  pd.concat(csv, ignore_index=True))
 
 
