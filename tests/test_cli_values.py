@@ -204,28 +204,82 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     assert rc == 130 and len(lines) == 1 and "flexigpt tables: interrupted" in lines[0]
 
 
-def test_extension_estimate_matches_the_built_model_and_refuses_what_cannot_fit(
-        tmp_path, capsys, tiny_checkpoint):
-    """The estimate counts the extended model exactly on a skeleton; --layers 100000 is
-    refused with it, before anything is built."""
+def test_extension_memory_counts_what_each_weight_shared_block_holds():
+    """A repeat shares its linears, yet holds its own LoRA, γ and norm tensors and the
+    modules around them: the estimate per added block is what extending a model really
+    adds, its tensors' bytes plus the Python heap its modules hold (within 10 %), several
+    times its parameters' bytes on a tiny model."""
+    import torch
     from conftest import make_model
 
-    from flexigpt.cli.commands.extend import check_fits
+    from flexigpt.core.memory import traced_bytes
     from flexigpt.core.params import count_parameters
-    from flexigpt.methods.flexigpt.extend import ExtendConfig, extension_parameters
+    from flexigpt.methods.flexigpt.extend import ExtendConfig, extension_memory
     from flexigpt.methods.flexigpt.extend import compress as extend
 
     model = make_model()
-    estimate = extension_parameters(model, 6)
-    built = extend(model, None, None, ExtendConfig(layers=6)).model
-    assert estimate == count_parameters(built)
-    with pytest.raises(ValueError, match=r"--layers 100000 makes a model of ~\d+\.\d+ B "
-                                         r"parameters, ~\d+\.\d GiB in float32 for the weights "
-                                         r"alone; 1\.0 GiB of memory is available"):
-        check_fits(str(tiny_checkpoint), 100000, None, "float32", available=2**30)
+    dense, blocks, added = count_parameters(model), len(model.model.layers), 24
+    estimate = extension_memory(model, blocks + added)
+    assert (estimate.layers, estimate.added, estimate.weights) == (blocks + added, added,
+                                                                   4 * dense)
+    bf16 = extension_memory(model, blocks + added, dtype=torch.bfloat16)
+    assert bf16.weights == estimate.weights // 2 and bf16.per_block < estimate.per_block
+    extend(make_model(), None, None, ExtendConfig(layers=blocks + 1))  # first-use caches
+    result, heap = traced_bytes(lambda: extend(model, None, None,
+                                               ExtendConfig(layers=blocks + added)))
+    layers = result.model.model.layers
+    repeats = set(result.info["repeat_positions"])
+    source = {id(t) for i, block in enumerate(layers) if i not in repeats
+              for t in block.parameters()}
+    tensors = sum(t.nbytes for i in repeats for t in layers[i].parameters()
+                  if id(t) not in source)
+    real = heap + tensors  # CPU storages are no Python heap: counted apart
+    assert abs(estimate.added * estimate.per_block - real) < 0.1 * real, (estimate, real)
+    assert estimate.per_block > 2 * 4 * (count_parameters(result.model) - dense) // added
+
+
+def test_absurd_extension_is_refused_in_one_line_before_any_block_is_built(
+        tmp_path, capsys, monkeypatch, tiny_checkpoint):
+    """``--layers 100000`` on a tiny Llama: its parameters alone (~1.7 GB in float32) would
+    fit in 4 GiB, its blocks do not; the refusal names the layer count, the estimate and the
+    memory available, before the model is loaded. A sane --layers still passes."""
+    import re
+
+    from conftest import make_model
+
+    import flexigpt.api.compression as api
+    from flexigpt.cli.commands.extend import available_memory, check_fits
+    from flexigpt.core.params import count_parameters
+    from flexigpt.methods.flexigpt.extend import ExtendConfig, extension_memory
+    from flexigpt.methods.flexigpt.extend import compress as extend
+    from flexigpt.workflow.model_skeletons import checkpoint_skeleton
+
+    need = extension_memory(checkpoint_skeleton(str(tiny_checkpoint)), 100000)
+    model = make_model()
+    dense, blocks = count_parameters(model), len(model.model.layers)
+    per_repeat = count_parameters(extend(model, None, None,
+                                         ExtendConfig(layers=blocks + 1)).model) - dense
+    assert need.weights + need.added * 4 * per_repeat < 4 * 2**30 < need.total
+    with pytest.raises(ValueError) as refused:
+        check_fits(str(tiny_checkpoint), 100000, None, "float32", available=4 * 2**30)
+    line = str(refused.value)
+    said = re.match(r"--layers 100000 needs ~\d+\.\d GiB \(([\d,]+) bytes\) in float32: "
+                    r"the weights \([\d,]+ bytes\) and 99,996 added blocks of [\d,]+ bytes "
+                    r"each .*; 4\.0 GiB \(4,294,967,296 bytes\) of memory is available: lower "
+                    r"--layers$", line)
+    assert said and "\n" not in line, line
+    assert abs(int(said[1].replace(",", "")) - need.total) < 0.05 * need.total
+    check_fits(str(tiny_checkpoint), 6, None, "float32", available=available_memory())
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(api, "compress", no_work)
+    capsys.readouterr()  # the fixtures' own output
     rc, text = cli(capsys, "extend", "--model", str(tiny_checkpoint), "--layers", "10000000",
                    "--out", str(tmp_path / "big"))
-    one_line_refusal(rc, text, "--layers 10000000 makes a model of", "lower --layers")
+    one_line_refusal(rc, text, "--layers 10000000 needs", "bytes) of memory is available")
+    assert len([ln for ln in text.splitlines() if ln.strip()]) == 1, text
     assert not (tmp_path / "big").exists()
 
 

@@ -132,6 +132,35 @@ def test_empty_values_mean_none_not_the_working_directory(capsys, model_dir, tex
     check_apart(tmp_path / "out", {"--validation": "", "--tasks-dir": ""})
 
 
+def test_beside_out_names_what_train_and_evaluate_write(tmp_path):
+    """:data:`flexigpt.cli.BESIDE_OUT` (what the rule, and its property test, count as written
+    beside ``--out``) names exactly what the trainer and the evaluation write there."""
+    from flexigpt.cli import BESIDE_OUT, INPUT_PATHS, beside_out
+    from flexigpt.runtime.evaluation.results import records_paths
+    from flexigpt.runtime.training.checkpoint import checkpoint_dir, moved_aside
+
+    for out in (tmp_path / "o", tmp_path / "run.v1"):
+        ckpt = checkpoint_dir(out)
+        assert set(beside_out("train", out)) == {ckpt.name, moved_aside(ckpt).name}
+    for name in ("r.json", "r", "a.b.json"):
+        written = {p.name for p in records_paths(tmp_path / name).values()}
+        assert set(beside_out("evaluate", tmp_path / name)) == written
+    assert set(BESIDE_OUT) <= set(INPUT_PATHS) and beside_out("compress", tmp_path) == ()
+
+
+@pytest.mark.parametrize("record", ["windows.json", "samples.jsonl.gz"])
+def test_evaluate_never_writes_its_records_over_an_input(capsys, model_dir, text_file, tmp_path,
+                                                         record):
+    """``--out r.json --ppl-text r.windows.json``: the per-window records would replace the
+    text (and a stale one is removed); refused in one line, the text untouched."""
+    text = tmp_path / f"r.{record}"
+    shutil.copy(text_file, text)
+    _refused(capsys, ["evaluate", "--model", str(model_dir), "--out", str(tmp_path / "r.json"),
+                      "--tasks", "", "--ppl-text", str(text), "--ppl-seq-len", "16"],
+             f"r.{record} beside it, which is the input --ppl-text")
+    assert text.read_bytes() == text_file.read_bytes()
+
+
 def test_check_apart_covers_staging_and_temporary_names(tmp_path):
     """Inputs at any name a save derives from ``--out`` (staging, moved-aside, temporary,
     the checkpoint folder's own) are refused; a name that only shares a prefix is not."""
@@ -141,9 +170,9 @@ def test_check_apart_covers_staging_and_temporary_names(tmp_path):
         source = tmp_path / name / "model"
         source.mkdir(parents=True)
         with pytest.raises(InputOverlapError, match="beside it, which contains the input"):
-            check_apart(out, {"--model": source}, beside=(".ckpt", ".ckpt.old"))
+            check_apart(out, {"--model": source}, beside=("out.ckpt", "out.ckpt.old"))
     (tmp_path / "outer.ckpt").mkdir()
-    check_apart(out, {"--model": tmp_path / "outer.ckpt"}, beside=(".ckpt",))
+    check_apart(out, {"--model": tmp_path / "outer.ckpt"}, beside=("out.ckpt",))
     check_apart(out, {"--model": tmp_path / "out.ckpt.old"})  # no checkpoint folder written
 
 

@@ -68,10 +68,24 @@ INPUT_PATHS: dict[str, tuple[str, ...]] = {
     "generate": ("model", "prompts_file"), "fetch": ("text",)}
 
 
-#: command → the suffixes of what it writes beside ``--out`` besides the staging names
-#: every save derives (:func:`flexigpt.core.fileio.beside_prefixes`): the trainer's
-#: checkpoint folder and its moved-aside copy. Outputs too: no input may be or lie in them
-BESIDE_OUT: dict[str, tuple[str, ...]] = {"train": (".ckpt", ".ckpt.old")}
+#: command → what it writes beside ``--out`` besides the staging names every save derives
+#: (:func:`flexigpt.core.fileio.beside_prefixes`), as names in ``--out``'s folder
+#: (``{name}``: ``--out``'s name; ``{stem}``: that name without ``.json``): the trainer's
+#: checkpoint folder and its moved-aside copy, an evaluation's per-document and per-window
+#: records (:func:`flexigpt.runtime.evaluation.results.records_paths`). Outputs too: no
+#: input may be or lie in them
+BESIDE_OUT: dict[str, tuple[str, ...]] = {
+    "train": ("{name}.ckpt", "{name}.ckpt.old"),
+    "evaluate": ("{stem}.samples.jsonl.gz", "{stem}.windows.json")}
+
+
+def beside_out(command: str, out: str | Path) -> tuple[str, ...]:
+    """The names :data:`BESIDE_OUT` gives what ``command`` writes beside its output ``out``
+    (in the same folder; ``out`` as the user wrote it, made absolute first)."""
+    name = Path(out).expanduser().absolute().name
+    stem = name[:-len(".json")] if name.endswith(".json") else name
+    return tuple(template.format(name=name, stem=stem)
+                 for template in BESIDE_OUT.get(command, ()))
 
 
 def _flag_name(dest: str) -> str:
@@ -132,7 +146,7 @@ def _preflight(args: argparse.Namespace) -> None:
     for path, flag in written:
         check_apart(path, {_flag_name(name): getattr(args, name, None)
                            for name in INPUT_PATHS.get(args.command, ())}, flag,
-                    beside=BESIDE_OUT.get(args.command, ()) if flag == "--out" else ())
+                    beside=beside_out(args.command, path) if flag == "--out" else ())
     if args.command in OUTPUT_KIND and out:
         restored = restore_swapped(out)
         if restored is not None:

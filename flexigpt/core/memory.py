@@ -24,6 +24,9 @@ Two opposite needs, both about glibc's allocator and neither changing any value:
   before, 0.06 M and 0.2 s after).
 
 None exists outside glibc (macOS, musl, Windows): each is then a no-op that says so.
+
+What a structure costs before it is built many times over (:func:`traced_bytes`): the
+Python heap one instance holds, measured with :mod:`tracemalloc`.
 """
 
 from __future__ import annotations
@@ -32,8 +35,12 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Iterator
-from typing import Any
+import gc
+import tracemalloc
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: ``mallopt`` parameters (glibc ``malloc.h``)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4
@@ -116,3 +123,24 @@ def keep_heap_for_reuse() -> bool:
             (_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, _NEVER_TRIM),
             (_M_TOP_PAD, TOP_PAD)))
     return _kept
+
+
+def traced_bytes(build: Callable[[], T]) -> tuple[T, int]:
+    """``(build(), bytes)``: the bytes of Python heap the result of ``build`` still holds
+    once built (what was allocated during the call and not freed after a garbage
+    collection). Counts every Python object and buffer allocated through Python's
+    allocators (an ``nn.Module`` and its dicts, a tensor's Python object); memory a C
+    extension takes with ``malloc`` itself (a tensor's storage, its C++ bookkeeping) is not
+    seen. Call ``build`` once before to leave out first-use caches."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        result = build()
+        gc.collect()
+        return result, max(tracemalloc.get_traced_memory()[0] - before, 0)
+    finally:
+        if started:
+            tracemalloc.stop()

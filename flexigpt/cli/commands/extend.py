@@ -67,9 +67,11 @@ def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
 def check_fits(model: str, layers: int, rank: int | None, dtype: str,
                available: int | None = None) -> None:
     """``ValueError`` with the estimate when the extended model alone would not fit in the
-    memory available, before anything is built (counted on a meta-device skeleton of a
-    local checkpoint; a hub id is left to the job)."""
-    from flexigpt.methods.flexigpt.extend import extension_parameters
+    memory available (``MemAvailable``), before anything is built: counted on a meta-device
+    skeleton of a local checkpoint (a hub id is left to the job), the dense weights plus what
+    each added block holds although its linears are shared (its own tensors and the modules
+    holding them: :func:`flexigpt.methods.flexigpt.extend.extension_memory`)."""
+    from flexigpt.methods.flexigpt.extend import extension_memory
     from flexigpt.storage.models.loading import parse_dtype
     from flexigpt.workflow.model_skeletons import checkpoint_skeleton
 
@@ -77,12 +79,14 @@ def check_fits(model: str, layers: int, rank: int | None, dtype: str,
     available = available_memory() if available is None else available
     if skeleton is None or available is None:
         return
-    params = extension_parameters(skeleton, layers, rank)
-    need = params * parse_dtype(dtype).itemsize
-    if need > available:
-        raise ValueError(f"--layers {layers} makes a model of ~{params / 1e9:.2f} B parameters, "
-                         f"~{need / 2**30:.1f} GiB in {dtype} for the weights alone; "
-                         f"{available / 2**30:.1f} GiB of memory is available: lower --layers")
+    need = extension_memory(skeleton, layers, rank, parse_dtype(dtype))
+    if need.total > available:
+        raise ValueError(
+            f"--layers {layers} needs ~{need.total / 2**30:.1f} GiB ({need.total:,} bytes) in "
+            f"{dtype}: the weights ({need.weights:,} bytes) and {need.added:,} added blocks "
+            f"of {need.per_block:,} bytes each (a weight-shared block still holds its own "
+            f"LoRA, gamma and norm tensors and modules); {available / 2**30:.1f} GiB "
+            f"({available:,} bytes) of memory is available: lower --layers")
 
 
 def run(args: argparse.Namespace) -> int:

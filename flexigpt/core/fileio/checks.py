@@ -64,11 +64,11 @@ def _overlap(target: Path, source: Path) -> str | None:
 
 def _beside_overlap(out: Path, source: Path, beside: Iterable[str]) -> str | None:
     """The path written beside ``out`` that is or contains the input ``source`` (resolved),
-    as the user would see it; None when there is none. ``beside`` are the suffixes of the
-    fixed sibling names (``.ckpt``); every sibling's staging and temporary names
-    (:func:`beside_prefixes`) are checked as well."""
+    as the user would see it; None when there is none. ``beside`` are the names of the
+    fixed siblings in ``out``'s folder (``<out>.ckpt``); every sibling's staging and
+    temporary names (:func:`beside_prefixes`) are checked as well."""
     parent = out.parent.resolve()
-    names = [out.name] + [out.name + suffix for suffix in beside]
+    names = [out.name, *beside]
     for name in names[1:]:
         sibling = (parent / name).resolve()
         if sibling == source or sibling in source.parents:
@@ -84,11 +84,12 @@ def check_apart(out: str | os.PathLike, inputs: dict[str, str | os.PathLike | No
                 out_flag: str = "--out", beside: Iterable[str] = ()) -> None:
     """Refuse an output that would land in, or replace, an input: ``out`` equal to, inside,
     or containing any existing path of ``inputs`` (``{flag: path}``; None, ``''`` (no path: never
-    the working directory) and paths that do not exist, such as hub ids, are skipped), both resolved through symlinks. What
-    the command writes beside ``out`` is an output too: the siblings named ``out`` +
-    each suffix of ``beside`` (a trainer's ``<out>.ckpt``) and every staging, moved-aside
-    and temporary name derived from them (:func:`beside_prefixes`) may neither be nor
-    contain an input. One line naming both paths, before any work.
+    the working directory) and paths that do not exist, such as hub ids, are skipped), both
+    resolved through symlinks. What the command writes beside ``out`` is an output too: the
+    siblings named in ``beside`` (names in ``out``'s folder: a trainer's ``<out>.ckpt``, an
+    evaluation's records) and every staging, moved-aside and temporary name derived from
+    ``out`` and from them (:func:`beside_prefixes`) may neither be nor contain an input.
+    One line naming both paths, before any work.
 
     Raises:
         InputOverlapError: the first overlap found.

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flexigpt.core.memory import traced_bytes
 from flexigpt.core.params import count_parameters
 from flexigpt.methods.block_count import unique_param_count
 from flexigpt.methods.flexigpt.export_hooks import (
@@ -33,11 +34,9 @@ from flexigpt.methods.lora import lora_rank_problem
 from flexigpt.methods.sharing import adapter_trainable
 from flexigpt.methods.surgery import (
     OUTPUT_NORM_EPS,
-    adapter_numel,
     default_rank,
     init_standard_,
     matrix_ranks,
-    prenorm_numel,
     repeat_shell,
     share_block,
     sharing_summary,
@@ -157,17 +156,66 @@ def apply_layout(model: nn.Module, layout: list[int], ranks: dict[str, int],
     return repeats
 
 
-def extension_parameters(model: nn.Module, layers: int, rank: int | None = None) -> int:
-    """Parameters of ``model`` (real or meta skeleton) extended to ``layers`` blocks before
-    anything is built: the dense count plus, per repeat, its LoRA adapters and the output
-    norm's γ's (2·d) and its own pre-norms (a repeat shares only the linears)."""
+#: bytes a CPU tensor's storage is aligned to (c10's ``gAlignment``): what the smallest
+#: tensor takes at least
+ALIGNMENT = 64
+
+
+@dataclass(frozen=True)
+class ExtensionMemory:
+    """What a model extended to ``layers`` blocks holds in memory, before any block is built
+    (:func:`extension_memory`): its ``weights`` (the dense model's unique tensors) and
+    ``added`` repeats of ``per_block`` bytes each."""
+
+    layers: int
+    weights: int
+    added: int
+    per_block: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.added * self.per_block
+
+
+def repeat_bytes(model: nn.Module, rank: int | None = None,
+                 dtype: torch.dtype = torch.float32, output_norm: bool = True) -> int:
+    """Bytes one added block of ``model`` (real, or a meta skeleton: then nothing is
+    allocated) holds although it shares its linears: one repeat of block 0 is built as
+    :func:`apply_layout` builds it, and counted. Its own tensors (LoRA factors, γ's, norm
+    copies, every buffer and any other tensor the copy owns: whatever its source does not
+    also hold) in ``dtype`` (floating tensors; others in their own type), each rounded up to
+    :data:`ALIGNMENT`; plus the Python heap its modules and tensor objects hold
+    (:func:`flexigpt.core.memory.traced_bytes`). A lower bound: a tensor's C++ bookkeeping
+    and the allocator's slack come on top."""
     adapter = get_adapter(model)
-    blocks = list(adapter.layers(model))
+    block = adapter.layers(model)[0]
     config: Any = model.config  # an HF config: its fields vary by family
-    ranks = matrix_ranks(adapter, blocks[0], rank or default_rank(config.hidden_size))
-    per_repeat = (adapter_numel(adapter, blocks[0], ranks) + 2 * config.hidden_size
-                  + prenorm_numel(adapter, blocks[0]))
-    return unique_param_count(model) + max(layers - len(blocks), 0) * per_repeat
+    ranks = matrix_ranks(adapter, block, rank or default_rank(config.hidden_size))
+
+    def build() -> nn.Module:
+        shell = repeat_shell(block, adapter, config)
+        share_block(shell, block, adapter, config.hidden_size, ranks, output_norm, 0.0)
+        return shell
+
+    build()  # first-use caches are no block's
+    shell, heap = traced_bytes(build)
+    source = {id(t) for t in (*block.parameters(), *block.buffers())}
+    owned = {id(t): t for t in (*shell.parameters(), *shell.buffers()) if id(t) not in source}
+    tensors = sum(-(-t.numel() * (dtype.itemsize if t.is_floating_point()
+                                  else t.element_size()) // ALIGNMENT) * ALIGNMENT
+                  for t in owned.values())
+    return tensors + heap
+
+
+def extension_memory(model: nn.Module, layers: int, rank: int | None = None,
+                     dtype: torch.dtype = torch.float32) -> ExtensionMemory:
+    """The memory ``model`` (real or meta skeleton) extended to ``layers`` blocks holds
+    (:class:`ExtensionMemory`): the dense model's unique parameters in ``dtype`` and, per
+    added block, :func:`repeat_bytes`; counted before anything is built."""
+    added = max(layers - len(get_adapter(model).layers(model)), 0)
+    return ExtensionMemory(layers=layers, weights=unique_param_count(model) * dtype.itemsize,
+                           added=added,
+                           per_block=repeat_bytes(model, rank, dtype) if added else 0)
 
 
 def compress(model: nn.Module, tokenizer: Any, calibration: torch.Tensor | None,

@@ -73,6 +73,12 @@ def checkpoint_dir(out_dir: str | os.PathLike) -> Path:
     return out.with_name(out.name + ".ckpt")
 
 
+def moved_aside(ckpt: Path) -> Path:
+    """``<ckpt>.old``: where a save moves the previous checkpoint until the new one is in
+    place."""
+    return ckpt.with_name(ckpt.name + ".old")
+
+
 def _legacy(path: Path) -> bool:
     """Whether ``path`` is a checkpoint written before checkpoint markers: the three
     :data:`FILES` alone, its ``state.json`` a record with a fingerprint."""
@@ -91,7 +97,7 @@ def check_owned(ckpt: Path) -> None:
         OutputExistsError: naming the folder and what is wrong with it (no ``--force``
             lifts it: the user never named this folder).
     """
-    for path in (ckpt, ckpt.with_name(ckpt.name + ".old")):
+    for path in (ckpt, moved_aside(ckpt)):
         reason = foreign_reason(path, KIND)
         if reason is not None and path.is_dir() and not path.is_symlink() and _legacy(path):
             reason = None
@@ -119,7 +125,7 @@ def save_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     clean_partials(ckpt)  # a save that was killed mid-write
     tmp = make_staging(ckpt)
-    old = ckpt.with_name(ckpt.name + ".old")
+    old = moved_aside(ckpt)
     try:
         torch.save(trainable_state(model), tmp / "trainable.pt")
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
@@ -146,7 +152,7 @@ def save_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
 
 def find_checkpoint(ckpt: Path) -> Path | None:
     """The checkpoint directory to resume from (the moved-aside one if a swap was cut)."""
-    for path in (ckpt, ckpt.with_name(ckpt.name + ".old")):
+    for path in (ckpt, moved_aside(ckpt)):
         if (path / STATE).is_file():
             return path
     return None
@@ -233,7 +239,7 @@ def load_checkpoint(ckpt: Path, model: nn.Module, optimizer: Any, scheduler: Any
 
 def remove_checkpoint(ckpt: Path) -> None:
     """The checkpoint, its moved-aside predecessor and any partial save of it."""
-    for path in (ckpt, ckpt.with_name(ckpt.name + ".old")):
+    for path in (ckpt, moved_aside(ckpt)):
         if path.exists():
             shutil.rmtree(path)
     clean_partials(ckpt)
