@@ -31,6 +31,7 @@ from conftest import link_resources, without_keys, write_fake_tasks
 
 from flexigpt.core.fileio import MARKER
 from flexigpt.storage.manifest import VOLATILE_KEYS
+from flexigpt.workflow.run_record import RECORD_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 #: keys a resumed run may legitimately record differently from an uninterrupted one (the
@@ -61,10 +62,14 @@ def _content(path: Path):
 
 
 def snapshot(root: Path, skip: tuple[str, ...] = ()) -> dict[str, object]:
-    """Every file under ``root`` (hidden ones included) → its comparable content."""
+    """Every file under ``root`` (hidden ones included) → its comparable content; the
+    run-time records ``flexigpt run`` writes (``run_records/``: wall times, by design
+    different for every run) left out."""
     out = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
+        if RECORD_DIR in Path(rel).parts:
+            continue
         if path.is_file() and not any(rel.startswith(s) for s in skip):
             out[rel] = _content(path)
     return out
