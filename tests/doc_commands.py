@@ -429,9 +429,11 @@ def _check_snakemake(args: list[str]) -> list[str]:
 @functools.cache
 def _written() -> frozenset[str]:
     """Files a document's own block writes (``cat > my-model.yaml <<'EOF'``, ``printf '…' >
-    gpu.yaml``): a walkthrough may name them."""
-    return frozenset(m.group(1) for path in doc_files(ROOT) if path.suffix == ".md"
-                     for m in re.finditer(r"(?:cat|printf '[^'\n]*') > (\S+)",
+    gpu.yaml``, a block marked ``<!-- walkthrough: file deepest.yaml -->``, see
+    ``walkthrough.py``): a walkthrough may name them."""
+    return frozenset(m.group(1) or m.group(2) for path in doc_files(ROOT) if path.suffix == ".md"
+                     for m in re.finditer(r"(?:cat|printf '[^'\n]*') > (\S+)|"
+                                          r"<!-- walkthrough: file (\S+) -->",
                                           path.read_text(encoding="utf-8")))
 
 

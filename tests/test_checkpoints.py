@@ -54,11 +54,14 @@ CASES = {
 }
 #: every other registered method at its declared tiny options (``MethodFacts.tiny_options``):
 #: a method added as one folder is held to this file's checkpoint contract unasked
-CASES.update({m: (m, tiny_options(m, 4), {}) for m in METHODS
-              if m not in {method for method, _, _ in CASES.values()}})
+ADDED = tuple(m for m in METHODS if m not in {method for method, _, _ in CASES.values()})
+CASES.update({m: (m, tiny_options(m, 4), {}) for m in ADDED})
 TRAINED = ("flexigpt_trained", "shortgpt_lora_trained")
+#: the cases saved as stock transformers checkpoints, and every added method without a replay
+#: fragment (``MethodFacts.replay``): outside the harness only its fragment loads a checkpoint
+#: that is not stock, so a method saving one brings a fragment
 PLAIN = ("dense", "shortgpt", "shortgpt_lora", "shortgpt_lora_trained", "replaceme",
-         "streamline")
+         "streamline", *(m for m in ADDED if METHODS[m].replay is None))
 NOT_PLAIN = tuple(n for n in (*CASES, *TRAINED) if n not in PLAIN)
 
 

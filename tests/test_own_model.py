@@ -1,10 +1,9 @@
-"""``docs/own-model.md`` run as written: its shell blocks, in order, in a temporary
-directory that holds the checkout's Snakefile and workflow, the session's tiny resources,
-and the tiny Llama as the user's local model ``models/my-model``.
+"""``docs/own-model.md`` run as written (:mod:`walkthrough`): its shell blocks, in order, in
+a temporary directory that holds the checkout's Snakefile and workflow, the session's tiny
+resources, and the tiny Llama as the user's local model ``models/my-model``.
 
-A block marked ``<!-- walkthrough: run -->`` runs whole (``bash -eu``); one marked
-``<!-- walkthrough: dry-run -->`` (GPU, SLURM) runs its ``export``, ``printf`` and ``-n``
-lines only (the others need a GPU, a cluster or the network, and ``test_doc_commands``
+A ``run`` block runs whole; a ``dry-run`` block (GPU, SLURM) its ``export``, ``printf`` and
+``-n`` lines only (the others need a GPU, a cluster or the network, and ``test_doc_commands``
 checks them against the parsers). Without the SLURM executor plugin (``pip install -e
 ".[slurm]"``), the SLURM profile is dry-run with its ``executor:`` line removed: every other
 key of it, and the DAG, are still checked. Every shell block of the page must be marked.
@@ -14,40 +13,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from walkthrough import do, flexigpt_on_path, script, steps, unmarked
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "own-model.md"
-BLOCK = re.compile(r"(?:<!-- walkthrough: (run|dry-run) -->\n)?```bash\n(.*?)```", re.S)
-
-
-def blocks(text: str) -> list[tuple[str | None, str]]:
-    """``(mark, body)`` of every ``bash`` block of ``text``, in order (mark None: unmarked)."""
-    return [(m.group(1), m.group(2)) for m in BLOCK.finditer(text)]
-
-
-def script(mark: str, body: str) -> str:
-    """What runs of a block: all of a ``run`` block; the ``export``, ``printf`` (a config
-    overlay written) and ``-n`` lines of a ``dry-run`` block."""
-    if mark == "run":
-        return body
-    keep = [line for line in body.splitlines()
-            if line.startswith(("export ", "printf ")) or re.search(r"\s-n(\s|$)", line)]
-    assert any(" -n" in line for line in keep), f"a dry-run block without a -n line:\n{body}"
-    return "\n".join(keep) + "\n"
 
 
 def workdir(tmp_path: Path, resources: Path) -> Path:
     """The user's checkout, in miniature: Snakefile and workflow (the SLURM profile without
-    its executor when the plugin is missing), the resources, ``models/my-model``, and a
-    ``flexigpt`` on PATH that imports this tree's package."""
+    its executor when the plugin is missing), the resources and ``models/my-model``."""
     (tmp_path / "Snakefile").symlink_to(ROOT / "Snakefile")
     (tmp_path / "workflow").mkdir()
     for child in (ROOT / "workflow").iterdir():
@@ -59,18 +38,13 @@ def workdir(tmp_path: Path, resources: Path) -> Path:
         profile.write_text(re.sub(r"(?m)^executor: slurm.*\n", "", profile.read_text()))
     (tmp_path / "resources").symlink_to(resources, target_is_directory=True)
     shutil.copytree(resources / "models" / "tiny-llama", tmp_path / "models" / "my-model")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "flexigpt"
-    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m flexigpt "$@"\n')
-    exe.chmod(0o755)
     return tmp_path
 
 
 def test_every_shell_block_of_the_page_is_marked():
-    found = blocks(PAGE.read_text())
+    found = [s for s in steps(PAGE.read_text()) if s.lang == "bash"]
     assert len(found) >= 5
-    assert [body.splitlines()[0] for mark, body in found if mark is None] == []
+    assert unmarked(found) == []
 
 
 def test_a_dry_run_block_runs_only_its_checks():
@@ -82,18 +56,9 @@ def test_a_dry_run_block_runs_only_its_checks():
 
 def test_the_own_model_walkthrough_runs_as_written(tmp_path, tiny_resources):
     work = workdir(tmp_path, tiny_resources)
-    env = {**os.environ, "PATH": f"{work / 'bin'}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    for mark, body in blocks(PAGE.read_text()):
-        assert mark is not None
-        run = subprocess.run(["bash", "-eu", "-c", script(mark, body)], cwd=work, env=env,
-                             capture_output=True, text=True, timeout=1500)
-        if run.returncode != 0:
-            logs = "\n".join(f"== {p}\n{p.read_text(errors='replace')[-1500:]}"
-                             for p in sorted((work / "logs").rglob("*.log"))
-                             if "Error" in p.read_text(errors="replace"))
-            pytest.fail(f"{mark} block failed:\n{body}\n{run.stdout[-3000:]}\n"
-                        f"{run.stderr[-3000:]}\n{logs}")
+    env = flexigpt_on_path(work)
+    for step in steps(PAGE.read_text()):
+        do(step, work, env)
     tables = work / "results" / "my-model" / "tables"
     assert list(tables.glob("table1_*.md")) and (tables / "verdicts.md").is_file()
     assert (work / "archive").is_dir() and any((work / "archive").rglob("eval_final.json"))
