@@ -11,6 +11,9 @@ and timings), a task's or perplexity's ``seconds`` and ``resumed_from_step`` (wh
 that the run was resumed) and the checkout's ``git_commit``; model cards without their
 ``- created`` line and git commit. Everything else — weights, tokenizer, logs, curves,
 per-document records — must be equal byte for byte.
+
+Ctrl-C at the same points (``FLEXIGPT_KILL_SIGNAL=INT``: SIGINT instead of SIGKILL) ends
+``compress``, ``train`` and ``evaluate`` in at most two lines, nothing half-written.
 """
 
 from __future__ import annotations
@@ -208,6 +211,41 @@ def test_kill_then_rerun_equals_uninterrupted(stage, kill, previous, references,
     run_cli(argv, work, kill=kill)
     run_cli(argv, work)
     assert_same(snapshot(work), reference)
+
+
+# ---- Ctrl-C while a command works ----------------------------------------------------------
+@pytest.mark.parametrize("stage,point", [("compress", "compress:done"),
+                                         ("compress", "save:staged"),
+                                         ("train", "train:step:3"), ("evaluate", "eval:ppl")])
+def test_ctrl_c_while_working_prints_at_most_two_lines(stage, point, tiny_checkpoint, text_file,
+                                                       tmp_path):
+    """SIGINT, what Ctrl-C sends, while ``compress``, ``train`` or ``evaluate`` works (the
+    real signal, at a fault point: ``FLEXIGPT_KILL_SIGNAL=INT``): exit 130 and at most two
+    lines after it, one saying what was kept, on a line of its own (an open progress bar
+    ends its line first), no traceback; nothing half-written, the training checkpoint kept
+    and named."""
+    inputs = _inputs(tmp_path, tiny_checkpoint, text_file)
+    work, mark, stderr = tmp_path / "work", tmp_path / "mark", tmp_path / "stderr"
+    work.mkdir()
+    with stderr.open("w") as err:
+        done = subprocess.run([sys.executable, "-m", "flexigpt.cli", *STAGES[stage](inputs)],
+                              cwd=work, env={**_env(point, mark), "FLEXIGPT_KILL_SIGNAL": "INT"},
+                              stdout=subprocess.DEVNULL, stderr=err, timeout=600)
+    text = stderr.read_text()
+    said = re.search(r" stderr (\d+)$", mark.read_text().strip()) if mark.is_file() else None
+    assert said, text[-3000:]
+    after = text.encode()[int(said[1]):].decode()
+    assert done.returncode == 130 and "Traceback" not in text, text[-3000:]
+    # what a terminal shows: a line redrawn after "\r" (a progress bar) is one line
+    lines = [seg.rsplit("\r", 1)[-1] for seg in after.split("\n")]
+    lines = [ln for ln in lines if ln.strip()]
+    assert 1 <= len(lines) <= 2, after
+    message = f"flexigpt {stage}: interrupted; "
+    assert [ln for ln in lines if ln.startswith(message)] == lines[-1:], after
+    assert re.search(rf"(^|\n){re.escape(message)}", text), after  # never glued to a bar
+    assert not (work / "out").exists() and not [p for p in work.iterdir() if p.name != "out.ckpt"]
+    if stage == "train":
+        assert (work / "out.ckpt").is_dir() and "out.ckpt is kept" in lines[-1], lines
 
 
 # ---- the swap of a save over a previous output ---------------------------------------------

@@ -235,6 +235,17 @@ def interrupted_line(command: str | None, args: argparse.Namespace | None) -> st
     return f"flexigpt {command or ''}: interrupted; {kept}".replace("flexigpt :", "flexigpt:")
 
 
+def say_interrupted(command: str | None, args: argparse.Namespace | None) -> int:
+    """Print :func:`interrupted_line` on a line of its own and return Ctrl-C's exit status:
+    the progress bars the interruption left open are closed first (their frames outlive the
+    exception, so they would end their line only at exit, after the message)."""
+    std = sys.modules.get("tqdm.std")  # loaded by whatever drew a bar; none: nothing open
+    for bar in list(getattr(getattr(std, "tqdm", None), "_instances", ())):
+        bar.close()
+    print(interrupted_line(command, args), file=sys.stderr)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; every user error and every Ctrl-C (while importing, parsing or
     working) ends it with one line on stderr (``-v``: the traceback)."""
@@ -244,9 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:  # Ctrl-C while importing or parsing, before any work
         if not interrupted(err) or "-v" in argv or "--verbose" in argv:
             raise
-        print(interrupted_line(next((a for a in argv if a in COMMANDS), None), None),
-              file=sys.stderr)
-        return 130
+        return say_interrupted(next((a for a in argv if a in COMMANDS), None), None)
 
 
 def _main(argv: list[str]) -> int:
@@ -272,15 +281,13 @@ def _main(argv: list[str]) -> int:
         if args.verbose:
             raise
         if interrupted(err):
-            print(interrupted_line(args.command, args), file=sys.stderr)
-            return 130
+            return say_interrupted(args.command, args)
         print(f"flexigpt {args.command}: error: {_message(err, args)}", file=sys.stderr)
         return 2
     except BaseException as err:
         if args.verbose or not interrupted(err):
             raise
-        print(interrupted_line(args.command, args), file=sys.stderr)
-        return 130
+        return say_interrupted(args.command, args)
 
 
 def _message(err: BaseException, args: argparse.Namespace) -> str:

@@ -4,7 +4,10 @@
 :func:`point` ``<point>`` SIGKILL it, or its whole process group when
 ``FLEXIGPT_KILL_GROUP=1`` (a DAG run with all its jobs, as ``kill -9`` of the run's group
 would); ``FLEXIGPT_KILL_MARK=<file>`` is written first, so a test knows the kill happened.
-Unset (always, outside tests), a point costs one environment lookup.
+``FLEXIGPT_KILL_SIGNAL=INT`` sends SIGINT (what Ctrl-C sends) to this process instead; the
+mark then also records how far stderr was written (``stderr <offset>``, when stderr is a
+file), so a test can read what the command printed once interrupted. Unset (always,
+outside tests), a point costs one environment lookup.
 
 Points (``tests/test_fault_injection.py`` kills at each): ``save:staged`` / ``save:swap``
 (:func:`flexigpt.core.fileio.atomic_directory` before its swap / right after the exchange,
@@ -19,14 +22,18 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 ENV = "FLEXIGPT_KILL_AT"
+SIGNAL_ENV = "FLEXIGPT_KILL_SIGNAL"
 _arrivals: dict[str, int] = {}
 
 
 def point(name: str) -> None:
-    """SIGKILL this process (or its group) here if ``FLEXIGPT_KILL_AT`` names this arrival."""
+    """SIGKILL this process (or its group) here if ``FLEXIGPT_KILL_AT`` names this arrival
+    (SIGINT to this process with ``FLEXIGPT_KILL_SIGNAL=INT``: a ``KeyboardInterrupt`` is
+    raised here, as after Ctrl-C)."""
     spec = os.environ.get(ENV)
     if not spec:
         return
@@ -38,9 +45,23 @@ def point(name: str) -> None:
     _arrivals[name] = _arrivals.get(name, 0) + 1
     if _arrivals[name] != int(nth):
         return
+    interrupt = os.environ.get(SIGNAL_ENV) == "INT"
     mark = os.environ.get("FLEXIGPT_KILL_MARK")
     if mark:
-        Path(mark).write_text(f"{name}:{_arrivals[name]} pid {os.getpid()}\n")
+        Path(mark).write_text(f"{name}:{_arrivals[name]} pid {os.getpid()}"
+                              f"{_stderr_offset() if interrupt else ''}\n")
+    if interrupt:
+        os.kill(os.getpid(), signal.SIGINT)
+        return
     if os.environ.get("FLEXIGPT_KILL_GROUP") == "1":
         os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _stderr_offset() -> str:
+    """`` stderr <bytes written so far>`` when stderr is a file, else ``''``."""
+    sys.stderr.flush()
+    try:
+        return f" stderr {os.lseek(sys.stderr.fileno(), 0, os.SEEK_CUR)}"
+    except (OSError, ValueError):
+        return ""
