@@ -101,3 +101,44 @@ def test_the_rung_check_table_compares_the_rung_order_with_the_final_one(tmp_pat
     assert rung_check_table(_checked(tmp_path, (60.0, None, None)), "m") is None
     # no rung (every trial compared at its end): nothing to check, no table
     assert rung_check_table(_checked(tmp_path, (100.0, 120.0, 140.0), rung=16), "m") is None
+
+
+def test_a_reused_choice_says_where_it_sits_in_the_sweep_and_the_ladder_tables():
+    """A run trained at another run's choice (the budget ladder's larger budgets, the seeds)
+    is marked bracketed or edge by that choice's own search, in the LR-sweep table's Search
+    cell and in the ladder's LR column; the committed ladder shows every unbracketed row."""
+    from flexigpt.tables.budget import _lr_text
+    from flexigpt.tables.sweep import choice_status, sweep_table
+
+    base = {"model": "m", "method": "shortgpt_lora", "ratio": 0.3, "setting": "r0.3",
+            "metric": "tune_ppl", "tune_text": "t", "tune_windows": 4, "gamma_lr": math.nan,
+            "trainable_params": 10, "tokens": 5, "tune_ppl_before": 900.0, "rung_step": math.nan,
+            "steps": 16, "diverged": False, "chosen": True, "search_neighbours": "",
+            "search_trials": 3, "lr_reuse": None, "tune_ppl_final": math.nan, "lr": 4e-3,
+            "file": "selection.json", "final_diverged": False, "searched": True,
+            "tune_ppl": 100.0}
+    rows = [{**base, "run": "m/shortgpt_lora/default/r0.3", "variant": "default",
+             "search_status": "edge: lr below: grid edge", "lr_from": None},
+            {**base, "run": "m/shortgpt_lora/tok131072/r0.3", "variant": "tok131072",
+             "search_status": "reuses results/m/shortgpt_lora/default/r0.3",
+             "lr_from": "results/m/shortgpt_lora/default/r0.3"},
+            {**base, "run": "m/shortgpt_lora/other/r0.3", "variant": "other",
+             "search_status": "bracketed", "lr_from": None}]
+    sel = pd.DataFrame(rows)
+    status = choice_status(sel)
+    assert status == {("m", "shortgpt_lora", "default", 0.3): "edge",
+                      ("m", "shortgpt_lora", "tok131072", 0.3): "edge",
+                      ("m", "shortgpt_lora", "other", 0.3): "bracketed"}
+    table = sweep_table(sel, "m")
+    assert table is not None
+    search = table.blocks[0].frame["Search"].tolist()
+    assert any("(a choice at an edge: unbracketed)" in s for s in search), search
+    result = pd.Series({"model": "m", "method": "shortgpt_lora", "variant": "tok131072",
+                        "ratio": 0.3, "lr": 4e-3, "gamma_lr": None,
+                        "lr_source": "chosen by results/m/shortgpt_lora/default/r0.3"})
+    assert _lr_text(result, status) == "4e-3 reused, edge"
+    assert _lr_text(result, {}) == "4e-3 reused"
+    committed = (REFERENCE / "smollm2-135m-budget" / "budget_smollm2-135m-budget_r0.3.md")
+    rows = [line for line in committed.read_text().splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip()[-1:] in "KM"]
+    assert len(rows) == 3 and all(line.count(", edge |") == 2 for line in rows), rows

@@ -55,6 +55,7 @@ from flexigpt.tables.ladder_figure import ladder_figure
 from flexigpt.tables.render import Block, Table, sci, write_table
 from flexigpt.tables.row_intervals import RecordStore
 from flexigpt.tables.rows import optional_float, table_of
+from flexigpt.tables.sweep import run_setting
 
 log = logging.getLogger(__name__)
 
@@ -76,23 +77,29 @@ def _seeds_text(mt: MetricTrend | None, tokens: float) -> str | None:
     return None if mt is None else mt.seeds_text(tokens)
 
 
-def _lr_text(row: pd.Series) -> str | None:
-    """The run's learning rate (+ γ's), and ``reused`` when it took another run's choice."""
+def _lr_text(row: pd.Series, search: Mapping[tuple, str]) -> str | None:
+    """The run's learning rate (+ γ's), ``reused`` when it took another run's choice, and
+    where that choice sits in its search (``bracketed`` / ``edge``; :func:`flexigpt.tables.
+    sweep.choice_status`) when the run's sweep record is known."""
     lr = optional_float(row.get("lr"))
     if lr is None:
         return None
     gamma = optional_float(row.get("gamma_lr"))
     source = row.get("lr_source")
     reused = isinstance(source, str) and source.startswith("chosen by")
+    where = search.get(run_setting(row))
     return (sci(lr) + (f" (γ {sci(gamma)})" if gamma is not None else "")
-            + (" reused" if reused else " swept"))
+            + (" reused" if reused else " swept") + (f", {where}" if where else ""))
 
 
 def ladder_frame(points: list[Point], trends: dict[str, MetricTrend | None],
-                 epochs: Mapping[str, float]) -> pd.DataFrame:
+                 epochs: Mapping[str, float],
+                 search: Mapping[tuple, str] | None = None) -> pd.DataFrame:
     """One display row per budget: tokens (and per dense parameter, passes over the
     training text), each method's PPL and Avg, the paired differences with their 95 %
-    intervals, and the learning rates each run used."""
+    intervals, and the learning rates each run used (with where each choice sits in its
+    search, ``search``: :func:`flexigpt.tables.sweep.run_setting` → ``bracketed`` / ``edge``, when given)."""
+    search = search or {}
     la, lb = (METHOD_LABELS[m] + "*" for m in PAIR)
     rows = []
     for p in points:
@@ -107,7 +114,7 @@ def ladder_frame(points: list[Point], trends: dict[str, MetricTrend | None],
             f"{la} Avg": optional_float(p.a.get("avg")),
             f"{lb} Avg": optional_float(p.b.get("avg")),
             "Δ Avg [95% CI]": _diff_text(trends.get("avg"), p.tokens),
-            f"LR {la}": _lr_text(p.a), f"LR {lb}": _lr_text(p.b)})
+            f"LR {la}": _lr_text(p.a, search), f"LR {lb}": _lr_text(p.b, search)})
     frame = pd.DataFrame(rows)
     return frame.drop(columns=[c for c in frame if frame[c].isna().all()])
 
@@ -129,7 +136,8 @@ def _notes(frame: pd.DataFrame) -> list[str]:
              "Tokens / param = recovery tokens per dense parameter (the paper: 1B tokens for "
              f"LLaMA-2 7B ≈ {trend.PAPER_TOKENS_PER_PARAM:g}). LR: swept = chosen on the "
              "tuning split by the run's own sweep; reused = the choice of the ladder's "
-             "smallest budget (budget.lr: smallest)."]
+             "smallest budget (budget.lr: smallest); bracketed / edge = where that choice sits "
+             "in its search (edge: unbracketed, the LR-sweep table says why)."]
     if "Epochs" in frame and (frame["Epochs"].dropna() > 1.0 + 1e-9).any():
         notes.append("Epochs > 1: the training text was seen more than once at that budget "
                      "(a reshuffled pass per epoch), so later tokens are repeats, not new text.")
@@ -181,10 +189,10 @@ def _csv(model: str, ratio: float, points: list[Point],
 
 def ladder_table(model: str, ratio: float, points: list[Point],
                  trends: dict[str, MetricTrend | None], epochs: Mapping[str, float],
-                 display: str | None = None) -> Table:
+                 display: str | None = None, search: Mapping[tuple, str] | None = None) -> Table:
     """``budget_<model>_r<ratio>``: the ladder's rows, then one fit block per metric with
-    two or more budgets."""
-    frame = ladder_frame(points, trends, epochs)
+    two or more budgets (``search``: :func:`ladder_frame`)."""
+    frame = ladder_frame(points, trends, epochs, search)
     kinds = {"Tokens": "si", "Epochs": "num", **{c: "ppl" for c in frame if c.endswith(" PPL")},
              **{c: "num" for c in frame if c.endswith(" Avg")}}
     blocks = [Block(f"Ours: {display or model}, {100 * ratio:.0f}%", frame, kinds,
@@ -251,10 +259,13 @@ def _load(results: Sequence[str | os.PathLike]) -> tuple[pd.DataFrame, RecordSto
 def find_ladders(results: Sequence[str | os.PathLike], *,
                  train_logs: Sequence[str | os.PathLike] | None = None,
                  model_names: Mapping[str, str] | None = None,
-                 n_boot: int = stats.N_BOOT) -> list[Ladder]:
+                 n_boot: int = stats.N_BOOT,
+                 search: Mapping[tuple, str] | None = None) -> list[Ladder]:
     """Every ladder of the ``results`` (evaluation JSONs), with its fitted trends;
     ``train_logs`` locate the trained manifests whose ``epochs`` say whether a budget saw
-    its text more than once. Empty without a ladder (no result of table ``budget``)."""
+    its text more than once; ``search`` (:func:`flexigpt.tables.sweep.run_setting` → ``bracketed`` / ``edge``,
+    :func:`flexigpt.tables.sweep.choice_status`) marks where each run's learning rates sit.
+    Empty without a ladder (no result of table ``budget``)."""
     loaded = _load(results)
     if loaded is None:
         return []
@@ -266,7 +277,8 @@ def find_ladders(results: Sequence[str | os.PathLike], *,
         for ratio, points in ladders(agg, model).items():
             trends = {m: metric_trend(points, store, m, n_boot=n_boot) for m in METRICS}
             found.append(Ladder(model, ratio, points, trends, display,
-                                ladder_table(model, ratio, points, trends, epochs, display),
+                                ladder_table(model, ratio, points, trends, epochs, display,
+                                             search),
                                 strategies(agg, store, model, ratio, n_boot=n_boot), store))
     return found
 

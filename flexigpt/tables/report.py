@@ -124,7 +124,8 @@ def build_all(results_dir: str | os.PathLike | None, out_dir: str | os.PathLike,
     timing_written, sweeps = _timing_and_sweep_tables(data, names, out, formats)
     written += timing_written
     summary += sweeps.values()
-    ladders = find_ladders(inputs.results, train_logs=inputs.train_logs, model_names=names)
+    ladders = find_ladders(inputs.results, train_logs=inputs.train_logs, model_names=names,
+                           search=sweep.choice_status(data.sel) if not data.sel.empty else {})
     for ladder in ladders:
         for table in ladder.tables:
             written += write_table(table, out, tuple(f for f in formats if f != "tex"))

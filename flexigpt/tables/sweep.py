@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -30,13 +32,47 @@ def order_trials(sel: pd.DataFrame) -> pd.DataFrame:
         columns=["_r", "_m", "_g"]).reset_index(drop=True)
 
 
-def _search_cell(row: pd.Series) -> str:
-    """The chosen row's search status, its neighbours' Tune PPL and its trial count."""
+#: where a run's chosen learning rates sit (:func:`choice_status`)
+BRACKETED, EDGE = "bracketed", "edge"
+
+
+def run_setting(row: Mapping[str, Any]) -> tuple:
+    """(model, method, variant, ratio rounded; None without one): a run of a sweep record or
+    of a result row, matched across the two."""
+    ratio = row.get("ratio")
+    ratio = None if ratio is None or pd.isna(ratio) else round(float(ratio), 6)
+    return (row.get("model"), row.get("method"), row.get("variant"), ratio)
+
+
+def choice_status(sel: pd.DataFrame) -> dict[tuple, str]:
+    """:func:`run_setting` → :data:`BRACKETED` or :data:`EDGE`: where the run's chosen
+    learning rates sit in its search. A run that reuses another run's choice (``lr_from``,
+    a results path ending in that run's key ``run``) takes that run's status; one whose
+    source is not among ``sel`` is left out."""
+    chosen = [row for _, row in sel.iterrows() if bool(row["chosen"])]
+    own = {str(r["run"]): BRACKETED if r["search_status"] == BRACKETED else EDGE
+           for r in chosen if not str(r["search_status"]).startswith("reuses")}
+    status: dict[tuple, str] = {}
+    for r in chosen:
+        source = r.get("lr_from")
+        found = ([v for k, v in own.items() if source.rstrip("/").endswith(k)]
+                 if isinstance(source, str) else [own.get(str(r["run"]))])
+        if found and found[0] is not None:
+            status[run_setting(r)] = found[0]
+    return status
+
+
+def _search_cell(row: pd.Series, status: Mapping[tuple, str]) -> str:
+    """The chosen row's search status, its neighbours' Tune PPL and its trial count; a
+    reusing run says where the choice it reuses sits."""
     text = str(row["search_status"])
     if row.get("search_neighbours"):
         text += f" ({row['search_neighbours']})"
-    if not str(row["search_status"]).startswith("reuses"):
+    if not text.startswith("reuses"):
         text += f"; {int(row['search_trials'])} trials"
+    elif run_setting(row) in status:
+        text += (" (a bracketed choice)" if status[run_setting(row)] == BRACKETED
+                 else " (a choice at an edge: unbracketed)")
     return text
 
 
@@ -57,6 +93,7 @@ def sweep_table(sel: pd.DataFrame, model: str, display: str | None = None) -> Ta
         return None
     name = display_name(model, display)
     ours = order_trials(rows)
+    status = choice_status(ours)
     frame = pd.DataFrame({
         "Run": [run_label(m, v, s) for m, v, s in zip(ours["method"], ours["variant"],
                                                       ours["setting"])],
@@ -68,7 +105,7 @@ def sweep_table(sel: pd.DataFrame, model: str, display: str | None = None) -> Ta
         "Tune PPL": ours["tune_ppl"], "Final tune PPL": ours["tune_ppl_final"],
         "Chosen": ["✓" if c else "diverged" if d or not math.isfinite(t) else ""
                    for c, d, t in zip(ours["chosen"], ours["diverged"], ours["tune_ppl"])],
-        "Search": [_search_cell(row) if row["chosen"] else ""
+        "Search": [_search_cell(row, status) if row["chosen"] else ""
                    for _, row in ours.iterrows()]})
     if frame["γ LR"].isna().all():
         frame = frame.drop(columns="γ LR")
@@ -95,7 +132,8 @@ def sweep_table(sel: pd.DataFrame, model: str, display: str | None = None) -> Ta
                  "not (a side never tried, a neighbour more than 2x away, the hard range or "
                  "the trial cap of the rule, an axis the grid never moved); reuses = trained "
                  "at another run's chosen learning rates, for the config's stated reason "
-                 "(tuning.reuse); n trials = trials the run scored.")
+                 "(tuning.reuse), and whether that choice is bracketed; n trials = trials the "
+                 "run scored.")
     off = []
     for run, g in ours.groupby("run", sort=False):
         finite = g[g["tune_ppl"].map(math.isfinite)]
