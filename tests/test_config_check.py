@@ -209,3 +209,19 @@ def test_method_that_cannot_handle_the_family_is_refused_at_dag_build(tmp_path, 
     assert "methods.slicegpt" in message and "does not support the 'opt' family" in message
     assert "methods.llm_pruner" not in message
     assert "methods.flexigpt:" not in message and "methods.shortgpt:" not in message
+
+
+def test_a_hub_text_file_is_built_only_from_its_own_split():
+    """``resources/text/<name>/<split>.txt`` is the entry's split: asking for another split's
+    file of the same entry is refused, naming the file the entry does build (before: the
+    entry's text was written under any split's name)."""
+    cfg = copy.deepcopy(SMOKE)
+    cfg["data"]["hub_text"] = {"minipile": {"dataset": "JeanKaddour/minipile",
+                                            "split": "validation"}}
+    grid = RunGrid.from_config(cfg)
+    assert grid.hub_text_source("minipile", "validation")["dataset"] == "JeanKaddour/minipile"
+    with pytest.raises(ValueError, match=r"resources/text/minipile/train\.txt: .*'validation'.*"
+                                         r"resources/text/minipile/validation\.txt"):
+        grid.hub_text_source("minipile", "train")
+    with pytest.raises(ValueError, match="no data.hub_text entry 'wiki'"):
+        grid.hub_text_source("wiki", "train")

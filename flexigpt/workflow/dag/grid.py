@@ -139,12 +139,18 @@ class RunGrid:
         return {}
 
     def hub_text_source(self, name: str, split: str) -> dict[str, Any]:
-        """The ``data.hub_text`` entry that builds ``resources/text/<name>/<split>.txt``."""
+        """The ``data.hub_text`` entry that builds ``resources/text/<name>/<split>.txt``: the
+        file's name is the entry's split, so another split's file is refused rather than
+        filled with the entry's text."""
         try:
             source = dict(self.hub_text[name])
         except KeyError:
             raise ValueError(f"resources/text/{name}/{split}.txt has no data.hub_text entry "
                              f"{name!r} to build it from") from None
+        if str(source.get("split")) != split:
+            raise ValueError(f"resources/text/{name}/{split}.txt: data.hub_text.{name} streams "
+                             f"split {source.get('split')!r}, whose file is "
+                             f"resources/text/{name}/{source.get('split')}.txt")
         return source
 
     def run(self, model: str, method: str, variant: str, setting: str) -> Run:
