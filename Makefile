@@ -37,7 +37,7 @@ test-slow: setup
 	. $(BIN)/activate && python -m pytest -q -m slow
 
 # the smoke DAG through the real SLURM executor on a private single-node cluster (root,
-# Debian 12: installs slurm-wlm, munge and MariaDB; docs/slurm.md)
+# Debian 12: installs slurm-wlm, munge and MariaDB; tests/slurm/NOTES.md)
 test-slurm: setup
 	. $(BIN)/activate && pip install -q -e ".[slurm]" && bash tests/slurm/run_smoke.sh
 

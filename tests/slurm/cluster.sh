@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A private single-node SLURM cluster on loopback addresses, for the SLURM smoke test
 # (Debian 12: SLURM 22.05.8, munge, slurmdbd + MariaDB so that `sacct` works; the facts it
-# rests on are in docs/slurm.md). Needs root. Everything lives under DIR, except the link
+# rests on are in tests/slurm/NOTES.md). Needs root. Everything lives under DIR, except the link
 # /etc/slurm/slurm.conf -> DIR/slurm.conf (job steps read the default path; made only where
 # no slurm.conf exists, removed by `down`); daemons are stopped by the PIDs in DIR/pids,
 # never by name. Driven by tests/slurm/run_smoke.sh (.ci/run, `make test-slurm`).
