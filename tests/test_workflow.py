@@ -314,6 +314,16 @@ def test_slurm_profile_reads_account_and_partitions_from_the_environment():
         assert name in readme and f"{name}=" in smoke, name
 
 
+def test_slurm_profile_allocates_the_cpus_each_heavy_rule_runs_threads_on():
+    """The executor plugin asks SLURM for ``cpus_per_task`` CPUs whatever a rule's threads,
+    and ``default-resources``' value applies to every rule that sets none: each rule with
+    threads of its own (``set-threads``, or inference_cost's cap of 16) asks for that many."""
+    profile = load("workflow/profiles/slurm/config.yaml")
+    threads = {**profile["set-threads"], "inference_cost": 16}
+    for rule, n in threads.items():
+        assert profile["set-resources"][rule].get("cpus_per_task") == n, rule
+
+
 def test_schema_lists_every_resource_model_builder():
     from flexigpt.runtime.resources import LAYOUT
     from flexigpt.workflow.config_paths import RESOURCE_MODELS
