@@ -42,12 +42,28 @@ def quoted_intervals(paths: list[Path], root: Path = ROOT) -> dict[str, set[tupl
     return found
 
 
-def conflicts(found: dict[str, set[tuple[str, str, str]]]) -> dict[str, list]:
-    return {est: sorted(v) for est, v in found.items() if len({(lo, hi) for lo, hi, _ in v}) > 1}
+#: different comparisons whose estimates happen to print alike: estimate → each one's
+#: interval and what it compares (the prose check tells them apart by the interval)
+DISTINCT = {"+0.416": {("+0.384", "+0.443"): "(a) at 40 %, thorough run (65.5K tokens)",
+                       ("+0.384", "+0.450"): "(a) at 40 %, bracketed default (32.8K tokens)"}}
+
+
+def conflicts(found: dict[str, set[tuple[str, str, str]]],
+              distinct: dict[str, dict[tuple[str, str], str]] | None = None) -> dict[str, list]:
+    """Estimates quoted with more than one interval, but for the intervals ``distinct``
+    declares as different comparisons."""
+    distinct = distinct or {}
+    return {est: sorted(v) for est, v in found.items()
+            if len({(lo, hi) for lo, hi, _ in v} - set(distinct.get(est, {}))) > 1
+            or (est in distinct and len({(lo, hi) for lo, hi, _ in v}
+                                        - set(distinct[est])) == 1)}
 
 
 def test_prose_quotes_one_interval_per_difference():
-    assert not conflicts(quoted_intervals(_prose()))
+    found = quoted_intervals(_prose())
+    assert not conflicts(found, DISTINCT)
+    for est, intervals in DISTINCT.items():  # each declared pair is still quoted, as declared
+        assert set(intervals) <= {(lo, hi) for lo, hi, _ in found.get(est, set())}, est
 
 
 def test_the_prose_check_finds_two_intervals(tmp_path: Path):
