@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a window is built: split_heldout needs none
+    import torch
 
 
 class CalibrationDataError(ValueError):
@@ -51,6 +52,8 @@ def token_stream(path: str | os.PathLike, tokenizer: Any,  # an HF tokenizer (du
 
     Tokenizes documents in order and stops once ``max_tokens`` tokens are collected.
     """
+    import torch
+
     eos = tokenizer.eos_token_id
     ids: list[int] = []
     docs = read_documents(path)
@@ -80,6 +83,8 @@ def token_windows(path: str | os.PathLike, tokenizer: object, seq_len: int,
     Raises:
         CalibrationDataError: file missing/empty, or fewer full windows than ``n_windows``.
     """
+    import torch
+
     if seq_len < 2:
         raise ValueError(f"seq_len must be at least 2, got {seq_len}")
     bos = getattr(tokenizer, "bos_token_id", None)

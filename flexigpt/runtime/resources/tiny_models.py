@@ -22,8 +22,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from flexigpt.core.fileio import atomic_directory, sha256_file
 from flexigpt.runtime.resources.stamp import is_current, make_key, write_stamp
 from flexigpt.runtime.resources.wheels import ResourceError
@@ -86,6 +84,7 @@ def make_model(cfg: TinyModelConfig, tokenizer: Any, seed: int,
                family: str = "llama") -> PreTrainedModel:
     """Random-init ``LlamaForCausalLM`` / ``OPTForCausalLM`` / ``Gemma3ForCausalLM`` of shape
     ``cfg`` (fp32), ids taken from ``tokenizer``."""
+    import torch
     from transformers import (
         Gemma3ForCausalLM,
         Gemma3TextConfig,
@@ -129,6 +128,8 @@ def check_reload(model_dir: Path, cfg: TinyModelConfig, sample: str, name: str) 
 
     Returns the parameter count.
     """
+    import torch
+
     from flexigpt.core.params import count_parameters
     from flexigpt.storage.models import get_adapter
     from flexigpt.storage.models.loading import load_model

@@ -29,10 +29,39 @@ Contract:
 
 from __future__ import annotations
 
-from flexigpt.runtime.training.config import TrainConfig, TrainPlan, resolve_plan
-from flexigpt.runtime.training.loop import TrainingDivergedError
-from flexigpt.runtime.training.recipe_table import RECIPES
-from flexigpt.runtime.training.runner import train_loaded, train_model
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names below, imported on first use (PEP 562)
+    from flexigpt.runtime.training.config import TrainConfig, TrainPlan, resolve_plan
+    from flexigpt.runtime.training.loop import TrainingDivergedError
+    from flexigpt.runtime.training.recipe_table import RECIPES
+    from flexigpt.runtime.training.runner import train_loaded, train_model
+
+#: public name → its module, imported when first read: a job that needs only a light
+#: submodule (``recipe_table``, ``config``, ``choices``; the evaluate, inference and tables
+#: jobs, the Snakefile) does not load the trainer (``runner``, ``loop``: the model loaders,
+#: the publisher, the optimiser)
+_LAZY = {"TrainConfig": "flexigpt.runtime.training.config",
+         "TrainPlan": "flexigpt.runtime.training.config",
+         "resolve_plan": "flexigpt.runtime.training.config",
+         "TrainingDivergedError": "flexigpt.runtime.training.loop",
+         "RECIPES": "flexigpt.runtime.training.recipe_table",
+         "train_loaded": "flexigpt.runtime.training.runner",
+         "train_model": "flexigpt.runtime.training.runner"}
 
 __all__ = ["RECIPES", "TrainConfig", "TrainPlan", "TrainingDivergedError", "resolve_plan",
            "train_loaded", "train_model"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use (a submodule alone loads no trainer)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
