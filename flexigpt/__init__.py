@@ -12,8 +12,9 @@ Public entry points::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flexigpt.core.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, imported on first use (PEP 562): no torch for light commands
     from flexigpt.api.compression import compress
@@ -41,15 +42,4 @@ __all__ = ["CheckpointError", "LoadedModel", "Manifest", "compress", "count_para
            "load_compressed", "load_model", "publish_compressed", "save_compressed", "__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name on first use (``import flexigpt`` alone loads no torch)."""
-    if name not in _LAZY:
-        raise AttributeError(f"module 'flexigpt' has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

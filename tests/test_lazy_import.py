@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def _loads_torch(code: str) -> bool:
     out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\n"
@@ -37,3 +39,20 @@ def test_public_names_resolve_on_first_use():
         assert "no_such_name" in str(err)
     else:
         raise AssertionError("an unknown name must raise AttributeError")
+
+
+def test_lazy_exports_import_on_first_read_and_cache():
+    """core.lazy: a name is imported when first read and kept in the package's namespace;
+    an unknown name is an AttributeError naming the package; ``dir`` lists both."""
+    from flexigpt.core.lazy import lazy_exports
+
+    namespace: dict = {"__name__": "pkg"}
+    getattr_, dir_ = lazy_exports("pkg", {"dumps": "json", "sep": ("os", "sep")}, namespace)
+    import json
+    import os
+
+    assert getattr_("dumps") is json.dumps and namespace["dumps"] is json.dumps
+    assert getattr_("sep") == os.sep
+    with pytest.raises(AttributeError, match="module 'pkg' has no attribute 'nope'"):
+        getattr_("nope")
+    assert {"dumps", "sep", "__name__"} <= set(dir_())

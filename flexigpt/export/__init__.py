@@ -11,17 +11,15 @@
 
 from __future__ import annotations
 
+from flexigpt.core.lazy import lazy_exports
+
 __all__ = ["export_plain", "publish_compressed", "write_model_card"]
 
 
-def __getattr__(name: str):  # lazy: importing the package must not import transformers
-    if name == "write_model_card":
-        from flexigpt.export.card import write_model_card
-        return write_model_card
-    if name == "publish_compressed":
-        from flexigpt.export.publish import publish_compressed
-        return publish_compressed
-    if name == "export_plain":
-        from flexigpt.export.plain import export_plain
-        return export_plain
-    raise AttributeError(name)
+#: public name → its module, imported when first read: importing the package must not
+#: import transformers
+_LAZY = {"write_model_card": "flexigpt.export.card",
+         "publish_compressed": "flexigpt.export.publish",
+         "export_plain": "flexigpt.export.plain"}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -13,8 +13,9 @@ lm-eval itself is imported only when a task is evaluated.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flexigpt.core.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, imported on first use (PEP 562)
     from flexigpt.runtime.evaluation.inference import measure_inference, run_inference_cost
@@ -36,14 +37,4 @@ __all__ = ["HEADLINE_METRIC", "PAPER_TASKS", "evaluate_model", "load_result",
            "measure_inference", "run_inference_cost", "validate_result"]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name on first use (a submodule alone loads no other)."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

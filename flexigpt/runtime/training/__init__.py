@@ -29,8 +29,9 @@ Contract:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flexigpt.core.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, imported on first use (PEP 562)
     from flexigpt.runtime.training.config import TrainConfig, TrainPlan, resolve_plan
@@ -54,14 +55,4 @@ __all__ = ["RECIPES", "TrainConfig", "TrainPlan", "TrainingDivergedError", "reso
            "train_loaded", "train_model"]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name on first use (a submodule alone loads no trainer)."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
