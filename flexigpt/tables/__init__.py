@@ -27,7 +27,17 @@ the CLI). Modules, bottom first (each imports only from those before it; no cycl
 
 from __future__ import annotations
 
-from flexigpt.tables.report import build_all
-from flexigpt.tables.schema import ResultFileError
+from typing import TYPE_CHECKING
+
+from flexigpt.core.lazy import lazy_exports
+
+if TYPE_CHECKING:  # imported on first use: `python -m flexigpt.tables.<module>` then runs a
+    # module the package has not imported already (no runpy warning, no double import)
+    from flexigpt.tables.report import build_all
+    from flexigpt.tables.schema import ResultFileError
 
 __all__ = ["ResultFileError", "build_all"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {"build_all": "flexigpt.tables.report",
+                                               "ResultFileError": "flexigpt.tables.schema"},
+                                    globals())
