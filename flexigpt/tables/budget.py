@@ -53,9 +53,8 @@ from flexigpt.tables.ladder import (
 )
 from flexigpt.tables.ladder_figure import ladder_figure
 from flexigpt.tables.render import Block, Table, sci, write_table
-from flexigpt.tables.row_intervals import RecordStore
+from flexigpt.tables.row_intervals import RecordStore, run_key
 from flexigpt.tables.rows import optional_float, table_of
-from flexigpt.tables.sweep import run_setting
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ def _lr_text(row: pd.Series, search: Mapping[tuple, str]) -> str | None:
     gamma = optional_float(row.get("gamma_lr"))
     source = row.get("lr_source")
     reused = isinstance(source, str) and source.startswith("chosen by")
-    where = search.get(run_setting(row))
+    where = search.get(run_key(row))
     return (sci(lr) + (f" (γ {sci(gamma)})" if gamma is not None else "")
             + (" reused" if reused else " swept") + (f", {where}" if where else ""))
 
@@ -98,7 +97,8 @@ def ladder_frame(points: list[Point], trends: dict[str, MetricTrend | None],
     """One display row per budget: tokens (and per dense parameter, passes over the
     training text), each method's PPL and Avg, the paired differences with their 95 %
     intervals, and the learning rates each run used (with where each choice sits in its
-    search, ``search``: :func:`flexigpt.tables.sweep.run_setting` → ``bracketed`` / ``edge``, when given)."""
+    search, ``search``: :func:`flexigpt.tables.row_intervals.run_key` → ``bracketed`` /
+    ``edge``, when given)."""
     search = search or {}
     la, lb = (METHOD_LABELS[m] + "*" for m in PAIR)
     rows = []
@@ -263,7 +263,8 @@ def find_ladders(results: Sequence[str | os.PathLike], *,
                  search: Mapping[tuple, str] | None = None) -> list[Ladder]:
     """Every ladder of the ``results`` (evaluation JSONs), with its fitted trends;
     ``train_logs`` locate the trained manifests whose ``epochs`` say whether a budget saw
-    its text more than once; ``search`` (:func:`flexigpt.tables.sweep.run_setting` → ``bracketed`` / ``edge``,
+    its text more than once; ``search`` (:func:`flexigpt.tables.row_intervals.run_key` →
+    ``bracketed`` / ``edge``,
     :func:`flexigpt.tables.sweep.choice_status`) marks where each run's learning rates sit.
     Empty without a ladder (no result of table ``budget``)."""
     loaded = _load(results)

@@ -35,11 +35,17 @@ N_BOOT = stats.N_BOOT
 SEED = 0
 
 
-def setting_key(row: Mapping[str, Any]) -> tuple:
-    """A hashable (model, method, variant, ratio, stage); NaN ratio → None, else rounded."""
+def run_key(row: Mapping[str, Any]) -> tuple:
+    """A hashable (model, method, variant, ratio) of a result row or an LR-sweep record, so
+    the two are matched; NaN ratio → None, else rounded."""
     ratio = row["ratio"]
     ratio = None if ratio is None or pd.isna(ratio) else round(float(ratio), 6)
-    return (row["model"], row["method"], row["variant"], ratio, row["stage"])
+    return (row["model"], row["method"], row["variant"], ratio)
+
+
+def setting_key(row: Mapping[str, Any]) -> tuple:
+    """A hashable (model, method, variant, ratio, stage): :func:`run_key` and the stage."""
+    return (*run_key(row), row["stage"])
 
 
 class RecordStore:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import pandas as pd
 
 from flexigpt.tables.labels import EXTENSION_LABELS, METHOD_ORDER, display_name, method_label, slug
 from flexigpt.tables.render import Block, Table
+from flexigpt.tables.row_intervals import run_key
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +36,8 @@ def order_trials(sel: pd.DataFrame) -> pd.DataFrame:
 BRACKETED, EDGE = "bracketed", "edge"
 
 
-def run_setting(row: Mapping[str, Any]) -> tuple:
-    """(model, method, variant, ratio rounded; None without one): a run of a sweep record or
-    of a result row, matched across the two."""
-    ratio = row.get("ratio")
-    ratio = None if ratio is None or pd.isna(ratio) else round(float(ratio), 6)
-    return (row.get("model"), row.get("method"), row.get("variant"), ratio)
-
-
 def choice_status(sel: pd.DataFrame) -> dict[tuple, str]:
-    """:func:`run_setting` → :data:`BRACKETED` or :data:`EDGE`: where the run's chosen
+    """:func:`run_key` → :data:`BRACKETED` or :data:`EDGE`: where the run's chosen
     learning rates sit in its search. A run that reuses another run's choice (``lr_from``,
     a results path ending in that run's key ``run``) takes that run's status; one whose
     source is not among ``sel`` is left out."""
@@ -58,7 +50,7 @@ def choice_status(sel: pd.DataFrame) -> dict[tuple, str]:
         found = ([v for k, v in own.items() if source.rstrip("/").endswith(k)]
                  if isinstance(source, str) else [own.get(str(r["run"]))])
         if found and found[0] is not None:
-            status[run_setting(r)] = found[0]
+            status[run_key(r)] = found[0]
     return status
 
 
@@ -70,8 +62,8 @@ def _search_cell(row: pd.Series, status: Mapping[tuple, str]) -> str:
         text += f" ({row['search_neighbours']})"
     if not text.startswith("reuses"):
         text += f"; {int(row['search_trials'])} trials"
-    elif run_setting(row) in status:
-        text += (" (a bracketed choice)" if status[run_setting(row)] == BRACKETED
+    elif run_key(row) in status:
+        text += (" (a bracketed choice)" if status[run_key(row)] == BRACKETED
                  else " (a choice at an edge: unbracketed)")
     return text
 
